@@ -17,6 +17,7 @@ SLEEP = "sleep"
 OFFLINE = "offline"
 DOWN = "down"
 BUSY_STATES = frozenset({"job-busy", "job-exclusive", "resv-exclusive", "busy"})
+_FREE_ONLY = frozenset({FREE})
 #: States in which a vnode cannot take work for reasons other than power.
 UNAVAILABLE_STATES = frozenset({
     DOWN, OFFLINE, "stale", "state-unknown", "unresolvable", "maintenance",
@@ -95,7 +96,7 @@ class Vnode:
     @property
     def idle(self) -> bool:
         """Free with nothing on it: the only state from which we power down."""
-        return self.states == frozenset({FREE}) and not self.jobs
+        return self.states == _FREE_ONLY and not self.jobs
 
     @property
     def usable(self) -> bool:

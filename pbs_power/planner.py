@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time as _time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .config import MODE_DISABLED, MODE_RAMP_RATE, HookConfig
 from .model import (Action, Deferral, Plan, Snapshot, TransitionKind, Vnode,
@@ -46,26 +46,18 @@ class Need:
     what: str
 
 
-@dataclass(frozen=True)
 class _Host:
-    name: str
-    vnodes: Tuple[Vnode, ...]
+    """A host's vnodes and the facts the rules ask about, computed once."""
 
-    @property
-    def asleep(self) -> bool:
-        return any(v.asleep for v in self.vnodes)
+    __slots__ = ("name", "vnodes", "asleep", "idle", "eligible", "in_reservation")
 
-    @property
-    def idle(self) -> bool:
-        return all(v.idle for v in self.vnodes)
-
-    @property
-    def eligible(self) -> bool:
-        return all(v.poweroff_eligible for v in self.vnodes)
-
-    @property
-    def in_reservation(self) -> bool:
-        return any(v.resvs for v in self.vnodes)
+    def __init__(self, name: str, vnodes: Tuple[Vnode, ...]):
+        self.name = name
+        self.vnodes = vnodes
+        self.asleep = any(v.asleep for v in vnodes)
+        self.idle = all(v.idle for v in vnodes)
+        self.eligible = all(v.poweroff_eligible for v in vnodes)
+        self.in_reservation = any(v.resvs for v in vnodes)
 
     def idle_since(self) -> Optional[float]:
         """Last time any vnode ran work, else its last state change."""
@@ -122,20 +114,33 @@ class _Context:
                 + 2 * self.cfg.cycle_interval)
 
     def _needs(self) -> Dict[str, Need]:
-        """Earliest need per host from queued jobs and reservations."""
+        """Earliest need per host from queued jobs and reservations.
+
+        Only hosts that could change state (asleep or idle, not in flight)
+        are tracked, and work is visited in start order so each host's first
+        need is its earliest: this keeps a 100,000-job queue cheap.
+        """
         horizon = self._horizon()
-        host_of = {v.name: v.host for v in self.snap.vnodes}
+        watched = {v.name: h.name for h in self.hosts.values()
+                   if (h.asleep or h.idle) and h.name not in self.in_flight
+                   for v in h.vnodes}
+        work = [(max(r.start, self.now), "reservation " + r.id, r.vnodes)
+                for r in self.snap.reservations
+                if r.end > self.now and r.start <= horizon]
+        work += [(self.now if j.estimated_start is None else j.estimated_start,
+                  "job " + j.id, j.vnodes)
+                 for j in self.snap.queued_jobs
+                 if j.vnodes and (j.estimated_start is None or j.estimated_start <= horizon)]
+        work.sort(key=lambda item: item[0])
         needs: Dict[str, Need] = {}
-        for resv in self.snap.reservations:
-            if resv.end > self.now and resv.start <= horizon:
-                _note_need(needs, host_of, resv.vnodes, max(resv.start, self.now),
-                           "reservation " + resv.id)
-        for job in self.snap.queued_jobs:
-            start = job.estimated_start
-            if not job.vnodes or (start is not None and start > horizon):
-                continue
-            _note_need(needs, host_of, job.vnodes,
-                       self.now if start is None else start, "job " + job.id)
+        for at, what, vnodes in work:
+            if not watched:
+                break
+            for vnode in watched.keys() & set(vnodes) if len(vnodes) > 8 else \
+                    [x for x in vnodes if x in watched]:
+                host = watched.pop(vnode, None)
+                if host is not None and host not in needs:
+                    needs[host] = Need(at, what)
         return needs
 
     # -- coming up ---------------------------------------------------------
@@ -318,17 +323,6 @@ class _RampBudget:
         else:
             self.down_used -= watts
         return True
-
-
-def _note_need(needs: Dict[str, Need], host_of: Mapping[str, str],
-               vnodes: Tuple[str, ...], at: float, what: str) -> None:
-    for vnode in vnodes:
-        host = host_of.get(vnode)
-        if host is None:
-            continue
-        known = needs.get(host)
-        if known is None or at < known.at:
-            needs[host] = Need(at, what)
 
 
 def _clock(epoch: float) -> str:
