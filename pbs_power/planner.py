@@ -6,8 +6,9 @@ flight, and returns the transitions to start now, each with its reason, plus
 those it held back and why. The rules, in the words an admin would use:
 
 * A host goes down only when every vnode on it is free, empty, eligible
-  (``poweroff_eligible``), not excluded, and idle longer than
-  ``node_idle_limit``; longest idle first.
+  (``poweroff_eligible``), not excluded, and idle (since its last use or
+  last state change, whichever is later) longer than ``node_idle_limit``;
+  longest idle first.
 * A host is kept up when a queued job or a reservation needs it before it
   could shut down, rest ``min_node_down_delay`` and boot again.
 * A sleeping host is brought up once waiting one more cycle would make it
@@ -60,10 +61,17 @@ class _Host:
         self.in_reservation = any(v.resvs for v in vnodes)
 
     def idle_since(self) -> Optional[float]:
-        """Last time any vnode ran work, else its last state change."""
-        times = [v.last_used_time if v.last_used_time is not None
-                 else v.last_state_change_time for v in self.vnodes]
-        if any(t is None for t in times):
+        """The later of the last use and the last state change of any vnode.
+
+        A host that just came back up (state change) counts as idle only
+        from then, so a host woken for the warm pool is not sent straight
+        back down because its last job ended hours ago.
+        """
+        times = [max(t for t in (v.last_used_time, v.last_state_change_time)
+                     if t is not None)
+                 for v in self.vnodes
+                 if v.last_used_time is not None or v.last_state_change_time is not None]
+        if len(times) < len(self.vnodes):
             return None
         return max(times)
 

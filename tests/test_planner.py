@@ -84,6 +84,12 @@ def test_host_in_an_active_reservation_stays_up():
     assert plan(Snapshot((v,)), cfg(), NOW).actions == ()
 
 
+def test_host_that_just_came_back_up_is_idle_only_since_then():
+    woke = Vnode("n1", "n1", frozenset({"free"}), True,
+                 last_used_time=NOW - 10 * HOUR, last_state_change_time=NOW - 600)
+    assert plan(Snapshot((woke,)), cfg(), NOW).actions == ()
+
+
 def test_host_without_any_time_is_left_alone_with_a_note():
     v = Vnode("n1", "n1", frozenset({"free"}), True)
     p = plan(Snapshot((v,)), cfg(), NOW)
