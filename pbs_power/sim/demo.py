@@ -87,16 +87,31 @@ def run_day(jobs: List[SimJob], hosts: List[str], hours: float, config: Optional
 
 
 def run_demo(hosts: int = 64, hours: float = 24.0, seed: int = 1,
-             out: Callable[[str], None] = print, verbose: bool = False) -> Dict[str, float]:
-    """Run baseline and managed days, print per-cycle lines and a summary."""
+             out: Callable[[str], None] = print, verbose: bool = False,
+             config: Optional[HookConfig] = None) -> Dict[str, float]:
+    """Run baseline and managed days, print per-cycle lines and a summary.
+
+    ``config`` (an admin's hook config) replaces the demo's limits; its
+    backend and state_dir are always replaced by the simulated fleet and a
+    temporary directory, so a demo never touches real hosts or state.
+    """
     names = ["n%03d" % (i + 1) for i in range(hosts)]
     jobs = synthetic_day(hosts, seed=seed, hours=hours, start=EPOCH)
     out("pbs-power demo: SIMULATED cluster of %d hosts, %d synthetic jobs over %g h "
         "(seed %d)" % (hosts, len(jobs), hours, seed))
     baseline = run_day(jobs, names, hours, None)
     with tempfile.TemporaryDirectory(prefix="pbs-power-demo-") as state_dir:
-        managed = run_day(jobs, names, hours, demo_config(state_dir, seed), out=out,
-                          verbose=verbose)
+        managed_config = demo_config(state_dir, seed)
+        if config is not None:
+            managed_config = replace(config, state_dir=state_dir,
+                                     power_backend=managed_config.power_backend,
+                                     node_power=config.node_power or CPU_NODE)
+        out("config: mode %s, node_idle_limit %ds, max_concurrent_nodes %d, "
+            "min_idle_nodes %d, cycle %ds" % (
+                managed_config.mode, managed_config.node_idle_limit,
+                managed_config.max_concurrent_nodes, managed_config.min_idle_nodes,
+                managed_config.cycle_interval))
+        managed = run_day(jobs, names, hours, managed_config, out=out, verbose=verbose)
     summary = summarize(baseline, managed)
     out(summary_line(summary))
     return summary
