@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .config import HookConfig
-from .model import (Phase, Plan, RampStep, Snapshot, Transition,
+from .model import (Phase, Plan, PowerState, RampStep, Snapshot, Transition,
                     TransitionKind)
 from .planner import FLEET, RAMP_WINDOW, plan
 from .transitions import Outcome, apply_marks, reconcile
@@ -71,6 +71,7 @@ class Cycle:
         for warning in self.config.warnings:
             self.log("debug", "config: " + warning)
         snapshot = replace(snapshot, transitions=self.store.transitions())
+        self._forget_recovered(snapshot)
         self._advance(snapshot, now, report)
         snapshot = self._with_history(snapshot, report, now)
         report.plan = plan(snapshot, self.config, now)
@@ -79,6 +80,15 @@ class Cycle:
         self._start(report.plan, now, report)
         self._log_deferrals(report.plan)
         return report
+
+    def _forget_recovered(self, snapshot: Snapshot) -> None:
+        """Hosts an admin brought back from offline are no longer failed."""
+        offline = {v.host for v in snapshot.vnodes if "offline" in v.states}
+        known = {v.host for v in snapshot.vnodes}
+        for host in self.store.failed():
+            if host in known and host not in offline:
+                self.store.clear_failed(host)
+                self.log("info", "%s: back in service (offline cleared)" % host)
 
     # -- transitions already in flight -------------------------------------
     def _advance(self, snapshot: Snapshot, now: float, report: CycleReport) -> None:
@@ -169,9 +179,10 @@ class Cycle:
                 report.marks.append(Mark(a.host, sleep=True))
                 report.started.append(t)
                 self.log("info", "%s: draining for %s: %s" % (a.host, a.kind.value, a.reason))
+        powered = self.backend.status([a.host for a in ups], now) if ups else {}
         by_kind: Dict[TransitionKind, List] = {}
         for a in ups:
-            by_kind.setdefault(a.kind, []).append(a)
+            by_kind.setdefault(_up_kind(a.kind, powered.get(a.host)), []).append(a)
         for kind, actions in by_kind.items():
             results = self.backend.request(kind, [a.host for a in actions], now)
             for a in actions:
@@ -209,3 +220,15 @@ class Cycle:
         for key, hosts in sorted(groups.items()):
             shown = ",".join(hosts[:8]) + (",..." if len(hosts) > 8 else "")
             self.log("info", "%d host(s) %s (%s)" % (len(hosts), key, shown))
+
+
+def _up_kind(planned: TransitionKind, power) -> TransitionKind:
+    """Wake a sleeping host, power on a host that is off, whatever the mode says.
+
+    The mode may have changed since the host went down.
+    """
+    if power is not None and power.state is PowerState.OFF:
+        return TransitionKind.POWER_ON
+    if power is not None and power.state is PowerState.ASLEEP:
+        return TransitionKind.WAKE
+    return planned

@@ -150,3 +150,21 @@ def test_snapshot_from_scheduler_without_the_host_forgets_its_transition(rig):
     smaller = replace(snap, vnodes=tuple(v for v in snap.vnodes if v.name != "n4"))
     cycle.run(smaller, T0 + 300)
     assert "n4" not in {t.host for t in store.transitions()}
+
+
+def test_host_comes_back_with_the_command_its_power_state_needs(rig):
+    cfg, cycle, cluster, store, logs = rig()
+    for i in range(3):
+        run(cycle, cluster, T0 + 300 * i)                 # powered off
+    ramp = replace(cfg, power_on_off_enable=False, power_ramp_rate_enable=True)
+    switched = Cycle(ramp, store, cycle.backend, lambda lvl, msg: logs.append((lvl, msg)))
+    report = run(switched, cluster, T0 + 900, [SimJob("3.sim", T0 + 900, 1, 600, 900)])
+    assert [t.kind for t in report.started] == [K.POWER_ON]
+
+
+def test_failed_host_is_forgotten_once_an_admin_clears_offline(rig):
+    cfg, cycle, cluster, store, logs = rig()
+    store.mark_failed("n3", "did not power on", T0 - 100)
+    run(cycle, cluster, T0)
+    assert "n3" not in store.failed()
+    assert ("info", "n3: back in service (offline cleared)") in logs
