@@ -91,6 +91,31 @@ def check_writable_dir(path: str) -> None:
     os.unlink(probe)
 
 
+def connect(path: str, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
+    """An autocommit SQLite connection in WAL mode, waiting ``timeout`` on locks.
+
+    Shared by every pbs_power database. A brand-new file may be busy while
+    another process creates it, so switching to WAL is retried until then.
+    """
+    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL").fetchone()
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        conn.execute("PRAGMA synchronous = NORMAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 class Store:
     """The hook's state database (``<state_dir>/pbs_power.db``)."""
 
@@ -104,12 +129,10 @@ class Store:
             raise StoreError(f"state database {self.path} is not writable; "
                              f"fix its owner/permissions")
         try:
-            self._conn = sqlite3.connect(self.path, timeout=timeout,
-                                         isolation_level=None)
+            self._conn = connect(self.path, timeout)
         except sqlite3.Error as exc:
             raise self._error(exc) from None
         try:
-            self._configure()
             self._migrate()
         except BaseException:
             self._conn.close()
@@ -155,23 +178,6 @@ class Store:
         except sqlite3.Error as exc:
             raise self._error(exc) from None
 
-    def _configure(self) -> None:
-        with self._guard():
-            self._conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
-            self._set_wal()
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-
-    def _set_wal(self) -> None:
-        """Switch to WAL; a brand-new file may be busy while another opens it."""
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                self._conn.execute("PRAGMA journal_mode = WAL").fetchone()
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
 
     def _read_version(self) -> int:
         """Schema version of the file; 0 for a new, empty database."""

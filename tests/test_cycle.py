@@ -6,7 +6,7 @@ import pytest
 from pbs_power.config import BackendConfig, HookConfig, NodePower
 from pbs_power.cycle import Cycle
 from pbs_power.devices import get_backend
-from pbs_power.model import Phase, QueuedJob, Snapshot, TransitionKind as K
+from pbs_power.model import Phase, TransitionKind as K
 from pbs_power.sim.cluster import SimCluster
 from pbs_power.sim.workload import SimJob
 from pbs_power.store import Store

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from ..model import PowerState, TransitionKind
+from ..store import connect
 from .base import BackendError, HostPower, PowerBackend, Result
 
 FLEET_DB = "simulated_fleet.db"
@@ -153,8 +154,7 @@ class SimulatedFleet:
         self.path = os.path.abspath(path)
         self.options = options
         try:
-            self._conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S,
-                                         isolation_level=None)
+            self._conn = connect(self.path, _BUSY_TIMEOUT_S)
         except sqlite3.Error as exc:
             raise self._error(exc) from None
         try:
@@ -171,9 +171,6 @@ class SimulatedFleet:
     def _setup(self) -> None:
         try:
             conn = self._conn
-            conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-            conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("BEGIN IMMEDIATE")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
