@@ -11,6 +11,7 @@ a bad request.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -376,10 +377,9 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
 
     def _request(self, topo, entity: str, kind: str, payload: Mapping[str, Any],
                  timeout: Optional[float] = None):
-        import json
         from .devices.controller import DeviceRequest
         return DeviceRequest(device=entity, kind=kind, payload=payload,
-                             device_model_json=json.dumps(topo.device_model(entity)),
+                             device_model_json=_model_json(topo, entity),
                              timeout_seconds=timeout)
 
     # -- helpers -------------------------------------------------------------
@@ -455,6 +455,17 @@ def _summary(accepted: Mapping[str, Any], rejected: Mapping[str, HostOutcome]) -
     if rejected:
         parts.append("%d refused: %s" % (len(rejected), failures(rejected)))
     return "; ".join(parts)
+
+
+def _model_json(topo, entity: str) -> str:
+    """The entity's device model as JSON text (the spec part encoded once per spec)."""
+    model = topo.device_model(entity)
+    cache = topo.__dict__.setdefault("_model_json_cache", {})
+    spec = cache.get(model["device_spec"])
+    if spec is None:
+        spec = cache[model["device_spec"]] = json.dumps(
+            {k: v for k, v in model.items() if k != "entity"})
+    return '{"entity": %s, %s' % (json.dumps(entity), spec[1:])
 
 
 def _alive(pid: int) -> bool:

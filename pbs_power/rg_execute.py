@@ -13,13 +13,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .rg_store import GroupStore, MemberRow, OperationRow
 
-#: Responses between two progress writes to the store.
-PROGRESS_EVERY = 64
+#: Responses between two progress writes to the store, and at most this often (s).
+PROGRESS_EVERY = 8
+PROGRESS_MIN_INTERVAL = 0.05
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,13 @@ def run_requests(store: GroupStore, controller, op: OperationRow, requests: Sequ
     """Send ``requests`` through the controller, counting progress in the store."""
     outcomes: Dict[str, HostOutcome] = {}
     ok = bad = 0
+    written = time.monotonic()
     for i, resp in enumerate(controller.stream(requests), 1):
         policy = (resp.policy or {}).get("name") if resp.success else None
         outcomes[resp.device] = HostOutcome(resp.success, resp.error, policy, resp.power_cap_watts)
         ok, bad = (ok + 1, bad) if resp.success else (ok, bad + 1)
-        if i % PROGRESS_EVERY == 0:
+        if i % PROGRESS_EVERY == 0 and time.monotonic() - written >= PROGRESS_MIN_INTERVAL:
+            written = time.monotonic()
             with store.transaction():
                 store.set_operation(op.id, n_success=ok, n_failed=bad)
     with store.transaction():

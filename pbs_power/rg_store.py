@@ -248,6 +248,15 @@ class GroupStore:
         rows = self._rows("SELECT state FROM device_state WHERE device = ?", (device,))
         return rows[0][0] if rows else None
 
+    def get_device_states(self, devices: Sequence[str]) -> Dict[str, str]:
+        """Stored states of ``devices`` (those that have one), in few queries."""
+        out: Dict[str, str] = {}
+        for i in range(0, len(devices), 500):
+            chunk = list(devices[i:i + 500])
+            out.update(self._rows("SELECT device, state FROM device_state WHERE device IN (%s)"
+                                  % ",".join("?" * len(chunk)), chunk))
+        return out
+
     def put_device_states(self, states: Mapping[str, str]) -> None:
         with self.transaction():
             self._conn.executemany("INSERT OR REPLACE INTO device_state VALUES (?, ?)",

@@ -8,6 +8,7 @@ its key path. Whether a topology is active is the service's business, not this m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -180,7 +181,15 @@ class Topology:
 
         No policy (or one without a NODE limit) leaves the node uncapped: max_watts.
         """
-        return _node_watts(self._entity(entity).device.node, policy)
+        node = self._entity(entity).device.node
+        if policy is None:
+            return _node_watts(node, None)
+        key = (node, policy.name, policy.limit(PolicyElementType.NODE))
+        cache = self.__dict__.setdefault("_watts_cache", {})
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = _node_watts(node, policy)
+        return found
 
     def policies_by_node_watts(self, entity: str) -> Tuple[PolicyObject, ...]:
         """The topology's policies, most node watts for this entity first (ties: by name)."""
@@ -204,11 +213,7 @@ class Topology:
     def device_model(self, entity: str) -> Dict[str, Any]:
         """The entity's device as JSON-able data, for device-controller requests."""
         device = self._entity(entity).device
-        part = (lambda x: dataclasses.asdict(x) if x is not None else None)
-        return {"entity": entity, "device_spec": device.name, "type": device.type,
-                "model": device.model, "backend": device.backend,
-                "node": dataclasses.asdict(device.node), "gpu": part(device.gpu),
-                "cpu": part(device.cpu), "memory": part(device.memory)}
+        return dict(_spec_model(device), entity=entity)
 
     def with_policy(self, policy: PolicyObject) -> "Topology":
         """A copy with one more (valid) policy; TopologyError if the name is taken."""
@@ -345,3 +350,12 @@ __all__ = [
     "ConfigProblem", "describe", "did_you_mean", "format_path", "parse_hostlist", "sort_problems",
     "PolicyElementType", "PolicyError", "PolicyObject", "parse_policies", "parse_policy",
 ]
+
+
+@functools.lru_cache(maxsize=256)
+def _spec_model(device: DeviceSpec) -> Dict[str, Any]:
+    """A device spec as device-model JSON data (computed once per spec)."""
+    part = (lambda x: dataclasses.asdict(x) if x is not None else None)
+    return {"device_spec": device.name, "type": device.type, "model": device.model,
+            "backend": device.backend, "node": dataclasses.asdict(device.node),
+            "gpu": part(device.gpu), "cpu": part(device.cpu), "memory": part(device.memory)}

@@ -327,8 +327,8 @@ def test_stream_persists_in_batches_of_a_hundred(make):
     ctl = make({"simulated": sim()}, state=store, max_workers=32)
     got = list(ctl.stream([req("n%d" % i) for i in range(250)]))
     assert len(got) == 250
-    sizes = [len(w) for w in store.writes]  # ~every 100 responses, then the rest at the end
-    assert len(sizes) == 3 and sum(sizes) == 250 and all(100 <= n < 150 for n in sizes[:2])
+    sizes = [len(w) for w in store.writes]  # >= 100 responses apart, then the rest at the end
+    assert sum(sizes) == 250 and all(n >= 100 for n in sizes[:-1])
 
 
 def test_stream_left_early_persists_what_it_got(make):

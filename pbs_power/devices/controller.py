@@ -14,6 +14,7 @@ Only a malformed batch raises (ValueError, before anything is sent).
 from __future__ import annotations
 
 import abc
+import asyncio
 import heapq
 import itertools
 import json
@@ -35,6 +36,8 @@ KINDS = ("resource_group_activate", "resource_group_deactivate", "resource_group
 DEFAULT_BACKEND = "simulated"
 #: stream() persists device states at least this often (responses), so a crash loses little.
 FLUSH_EVERY = 100
+#: ...and at most this often (seconds), so big fan-outs do not write all the time.
+FLUSH_MIN_INTERVAL = 0.25
 _IDLE_EXIT_S = 60.0  # an idle worker thread retires after this long
 _WAKE = object()     # posted to a waiting batch when another batch frees a slot
 
@@ -215,6 +218,38 @@ class _Workers:
             self._jobs.put(None)
 
 
+class _EventLoop:
+    """One daemon thread running an asyncio loop for asynchronous backends.
+
+    Thousands of requests then wait on their devices without a thread each;
+    the slots and deadlines of `_Batch` still bound and time them.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever,
+                                       name="pbs_power-device-loop", daemon=True)
+        self.thread.start()
+
+    def submit_many(self, items: List[Tuple[Any, DeviceRequest, int, Any]]) -> None:
+        """Start ``(handler, request, token, events)`` items with one loop wake-up."""
+        async def run(handler: Any, req: DeviceRequest, token: int, events: Any) -> None:
+            begin = time.monotonic()
+            try:
+                outcome: Any = await handler(req)
+            except Exception as exc:
+                outcome = exc
+            events.put((token, outcome, time.monotonic() - begin))
+
+        def spawn() -> None:
+            for item in items:
+                self.loop.create_task(run(*item))
+        self.loop.call_soon_threadsafe(spawn)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
 @dataclass(frozen=True)
 class _Flight:
     """A request being handled: its backend, when it started and when it times out."""
@@ -245,7 +280,14 @@ class DeviceController:
         self._log: LogFn = log or _default_log
         self._slots = _Slots(max_workers)
         self._workers = _Workers()
+        self._async: Optional[_EventLoop] = None
         self._closed = False
+
+    def _loop(self) -> "_EventLoop":
+        """The event loop that runs backends offering ``handle_async`` (started once)."""
+        if self._async is None:
+            self._async = _EventLoop()
+        return self._async
 
     # -- public ---------------------------------------------------------------
     def send(self, requests: Sequence[DeviceRequest]) -> Dict[str, DeviceResponse]:
@@ -268,6 +310,8 @@ class DeviceController:
             return
         self._closed = True
         self._workers.close()
+        if self._async is not None:
+            self._async.close()
         for name, backend in self._backends.items():
             try:
                 backend.close()
@@ -295,23 +339,49 @@ class DeviceController:
                                  "send one request per device per batch"
                                  % (i, req.device, seen[req.device]))
             seen[req.device] = i
-        return [self._complete(req) for req in batch]
+        stored = self._stored_states([r.device for r in batch if r.device_state_json is None])
+        return [self._complete(req, stored) for req in batch]
 
-    def _complete(self, req: DeviceRequest) -> DeviceRequest:
+    def _stored_states(self, devices: Sequence[str]) -> Dict[str, str]:
+        """Stored states of ``devices``, in one query when the store offers one."""
+        if not devices or self._state is None:
+            return {}
+        many = getattr(self._state, "get_device_states", None)
+        if many is None:
+            return {}
+        try:
+            return dict(many(devices))
+        except Exception as exc:  # fall back to one read per device
+            self._log("warning", "could not read stored device states in one query: %s: %s"
+                      % (type(exc).__name__, exc))
+            return {}
+
+    def _complete(self, req: DeviceRequest, stored: Mapping[str, str]) -> DeviceRequest:
         """``req`` with its request id, timeout and (stored) state filled in."""
         timeout = self.default_timeout if req.timeout_seconds is None else req.timeout_seconds
         state = req.device_state_json
-        if state is None and self._state is not None:
+        if state is None and req.device in stored:
+            state = stored[req.device]
+        elif state is None and self._state is not None:
             try:
                 state = self._state.get_device_state(req.device)
             except Exception as exc:  # the device then starts from no state
                 self._log("warning", "device %s: %s: could not read its stored state: %s: %s"
                           % (req.device, req.kind, type(exc).__name__, exc))
-        return replace(req, request_id=req.request_id or uuid.uuid4().hex,
-                       timeout_seconds=float(timeout), device_state_json=state)
+        return DeviceRequest(req.device, req.kind, req.payload, req.device_model_json, state,
+                             req.request_id or uuid.uuid4().hex, float(timeout))
 
     def _backend_of(self, req: DeviceRequest) -> Union[str, Tuple[str]]:
-        """The backend name for ``req``, or a 1-tuple with why there is none."""
+        """The backend name for ``req``, or a 1-tuple with why there is none (memoised)."""
+        cache = self.__dict__.setdefault("_backend_cache", {})
+        found = cache.get(req.device_model_json)
+        if found is None:
+            if len(cache) > 4096:
+                cache.clear()
+            found = cache[req.device_model_json] = self._parse_backend(req)
+        return found
+
+    def _parse_backend(self, req: DeviceRequest) -> Union[str, Tuple[str]]:
         try:
             model = json.loads(req.device_model_json)
         except (TypeError, ValueError) as exc:
@@ -364,6 +434,7 @@ class _Batch:
         self.flush_every = flush_every
         self.unsaved: Dict[str, str] = {}
         self.since_flush = 0
+        self.last_flush = time.monotonic()
         self.kinds = {req.device: req.kind for req in requests}
         self.notes: Dict[str, Tuple[str, str]] = {}  # device -> (level, log line) overrides
 
@@ -386,7 +457,7 @@ class _Batch:
 
     def _start_more(self) -> List[DeviceResponse]:
         """Start pending requests while slots are free; unroutable ones fail at once."""
-        failed = []
+        failed, started_async = [], []
         while self.pending:
             req = self.pending[0]
             backend = self.ctl._backend_of(req)
@@ -397,16 +468,21 @@ class _Batch:
             if not self.ctl._slots.try_acquire():
                 break
             self.pending.popleft()
-            self._start(req, backend)
+            self._start(req, backend, started_async)
+        if started_async:
+            self.ctl._loop().submit_many(started_async)
         return failed
 
-    def _start(self, req: DeviceRequest, backend_name: str) -> None:
+    def _start(self, req: DeviceRequest, backend_name: str, started_async: List[Any]) -> None:
         token = next(self.tokens)
         started = time.monotonic()
         flight = _Flight(req, backend_name, started, started + float(req.timeout_seconds))
         self.flights[token] = flight
         heapq.heappush(self.deadlines, (flight.deadline, token))
         backend, events = self.ctl._backends[backend_name], self.events
+        if callable(getattr(backend, "handle_async", None)):
+            started_async.append((backend.handle_async, req, token, events))
+            return
 
         def job() -> None:
             outcome: Any = None
@@ -494,7 +570,9 @@ class _Batch:
             line = "failed: %s" % (resp.error or resp.ping_error or "no diagnostic")
         self.ctl._log(level, "device %s: %s: %s" % (resp.device, kind, line))
         self.since_flush += 1
-        if self.flush_every and self.since_flush >= self.flush_every and self.unsaved:
+        if (self.flush_every and self.since_flush >= self.flush_every and self.unsaved
+                and time.monotonic() - self.last_flush >= FLUSH_MIN_INTERVAL):
+            self.last_flush = time.monotonic()
             self.ctl._persist(self.unsaved)
             self.unsaved, self.since_flush = {}, 0
         return resp

@@ -22,6 +22,7 @@ Failures and jitter are reproducible: drawn from (seed, device, kind, calls).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import random
@@ -161,7 +162,7 @@ def _apply_policy_set(doc: Any, model: DeviceModel, state: DeviceState,
     action = "unset" if deactivate else doc.get("policy_action", "set")
     if action not in ("set", "unset"):
         raise ValueError("policy_action must be 'set' or 'unset', not %r" % (action,))
-    policy = None if doc.get("policy") is None else parse_policy(doc["policy"], "policy")
+    policy = None if doc.get("policy") is None else _parsed_policy(doc["policy"], "policy")
     if policy is None and action == "set":
         raise ValueError("policy_action 'set' needs a policy")
     node_cap = model.node_max
@@ -187,7 +188,7 @@ def _apply_gpu_set(doc: Any, model: DeviceModel, state: DeviceState) -> Applied:
     current = doc.get("current_policy")
     base = None
     if current is not None:
-        base = parse_policy(current, "current_policy").limit(PolicyElementType.GPU)
+        base = _parsed_policy(current, "current_policy").limit(PolicyElementType.GPU)
     if action == "reset":
         caps = {i: _gpu_watts(base, model) for i in range(model.gpu_count)}
         results = tuple(GPUPolicyResult(i, True, w) for i, w in sorted(caps.items()))
@@ -202,6 +203,23 @@ def _apply_gpu_set(doc: Any, model: DeviceModel, state: DeviceState) -> Applied:
         caps[gpu.gpu_id] = _gpu_watts(gpu.power_limit or base, model)
         results.append(GPUPolicyResult(gpu.gpu_id, True, caps[gpu.gpu_id]))
     return Applied(replace(state, gpu_caps=caps), None, tuple(results), tuple(errors))
+
+
+_POLICY_CACHE: Dict[str, Any] = {}
+
+
+def _parsed_policy(doc: Any, path: str):
+    """parse_policy, memoised: a fan-out sends the same policy to thousands of devices."""
+    try:
+        key = path + json.dumps(doc, sort_keys=True)
+    except (TypeError, ValueError):
+        return parse_policy(doc, path)
+    found = _POLICY_CACHE.get(key)
+    if found is None:
+        if len(_POLICY_CACHE) > 256:
+            _POLICY_CACHE.clear()
+        found = _POLICY_CACHE[key] = parse_policy(doc, path)
+    return found
 
 
 def _merge(first: Applied, then: Applied) -> Applied:
@@ -276,6 +294,24 @@ class SimulatedDevices(DeviceBackend):
 
     def handle(self, request: DeviceRequest) -> DeviceResponse:
         """Wait the simulated latency, then apply ``request`` (see the module doc)."""
+        ready = self._begin(request)
+        if isinstance(ready, DeviceResponse):
+            return ready
+        if ready[2] > 0:
+            self._closed.wait(ready[2])
+        return self._end(request, *ready)
+
+    async def handle_async(self, request: DeviceRequest) -> DeviceResponse:
+        """`handle` on the controller's event loop: the latency costs no thread."""
+        ready = self._begin(request)
+        if isinstance(ready, DeviceResponse):
+            return ready
+        if ready[2] > 0:
+            await asyncio.sleep(ready[2])
+        return self._end(request, *ready)
+
+    def _begin(self, request: DeviceRequest):
+        """Parse model and state; (model, state, delay, fail draw), or a failure."""
         try:
             model = DeviceModel.parse(request.device_model_json)
         except ValueError as exc:
@@ -289,8 +325,11 @@ class SimulatedDevices(DeviceBackend):
         state = replace(state, calls=state.calls + 1)
         rng = random.Random("%d\0%s\0%s\0%d" % (self.seed, request.device, request.kind,
                                                state.calls))
-        self._pause(request, rng.random())
-        fail_draw = rng.random()
+        delay = self._delay(request, rng.random())
+        return model, state, delay, rng.random()
+
+    def _end(self, request: DeviceRequest, model: DeviceModel, state: DeviceState,
+             _delay: float, fail_draw: float) -> DeviceResponse:
         if self._closed.is_set():
             return failure(request, "simulated devices backend is closed")
         if request.device in self.fail_devices:
@@ -318,15 +357,12 @@ class SimulatedDevices(DeviceBackend):
             policy=None if out.policy is None else out.policy.to_dict(),
             gpu_results=out.gpu_results)
 
-    def _pause(self, request: DeviceRequest, draw: float) -> None:
-        """Sleep the latency +/- jitter, or past the timeout for a hung device."""
+    def _delay(self, request: DeviceRequest, draw: float) -> float:
+        """Seconds of latency +/- jitter, or past the timeout for a hung device."""
         if request.device in self.hang_devices:
             timeout = request.timeout_seconds or DEFAULT_TIMEOUT_S
-            delay = timeout + HANG_EXTRA_S
-        else:
-            delay = max(0.0, self.latency_ms + self.jitter_ms * (2 * draw - 1)) / 1000.0
-        if delay > 0:
-            self._closed.wait(delay)
+            return timeout + HANG_EXTRA_S
+        return max(0.0, self.latency_ms + self.jitter_ms * (2 * draw - 1)) / 1000.0
 
     def close(self) -> None:
         """Wake every sleeping request; later requests fail."""
