@@ -15,6 +15,8 @@ from typing import List, Optional, Sequence
 SUBCOMMANDS: List[str] = [
     "pbs_power.cli_config",
     "pbs_power.cli_demo",
+    "pbs_power.cli_topology",
+    "pbs_power.cli_rg",
 ]
 
 DESCRIPTION = (

@@ -28,7 +28,7 @@ from .rg_types import (AsyncStrategy, PartialActivation, Response, Status, fail,
                        outcomes_of, policy_dict)
 from .rg_store import GroupRow, GroupStore, MemberRow, OperationRow
 
-GROUP_NAME = re.compile(r"^[A-Za-z0-9_.:@+-]{1,128}$")
+GROUP_NAME = re.compile(r"[A-Za-z0-9_.:@+-]{1,128}")
 POLL_SECONDS = 0.02
 
 
@@ -198,7 +198,8 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
         except _Abort as abort:
             return abort.response
         if op is None:
-            return Response(Status(True, "policy of %s set to %s" % (group_name, policy_name)))
+            return Response(Status(True, "policy of %s %s" % (
+                group_name, "set to %s" % policy_name if policy_name else "removed")))
         return self._run(op, async_strategy)
 
     def _plan_update(self, group_name, policy_name, strict, partial, workload_profile_ids,
@@ -247,14 +248,16 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
             changed = [MemberRow(**dict(asdict(members[e]), policy=p)) for e, p in accepted.items()]
             self.store.put_members(changed)
             if group.status != "active" or not accepted:
-                return Response(Status(not rejected, _summary(accepted, rejected)), rejected)
+                return Response(Status(not rejected, _summary(accepted, rejected),
+                                       "invalid" if rejected else "ok"), rejected)
             plan = Planner(topo, self.store).change(
                 group, self.store.members(group_name), strict=True, per_entity=True)
             op = self._record(plan, "update", group_name, partial, async_strategy is not None)
         response = self._run(op, async_strategy)
         response.node_statuses.update(plan.refused)
         if plan.refused or rejected:
-            response.status = Status(False, _summary(accepted, {**rejected, **plan.refused}))
+            response.status = Status(False, _summary(accepted, {**rejected, **plan.refused}),
+                                     "failed" if plan.refused else "invalid")
         return response
 
     # -- execution -----------------------------------------------------------
@@ -288,7 +291,7 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
 
     def _wait(self, op: OperationRow, strategy: AsyncStrategy) -> None:
         """Block until the strategy's condition holds (or the operation completes)."""
-        deadline = self.clock() + (strategy.wait_seconds or 0.0)
+        deadline = time.monotonic() + (strategy.wait_seconds or 0.0)
         need = (strategy.n_hosts if strategy.n_hosts is not None else
                 -(-float(strategy.frac_hosts) * op.n_hosts // 1)
                 if strategy.frac_hosts is not None else None)
@@ -298,7 +301,7 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
                 return
             if need is not None and row.n_success + row.n_failed >= need:
                 return
-            if need is None and time.time() >= deadline:
+            if need is None and time.monotonic() >= deadline:
                 return
             time.sleep(POLL_SECONDS)
 
@@ -420,7 +423,7 @@ class _Abort(Exception):
 
 # -- small pure helpers --------------------------------------------------------
 def _check_name(name: Any) -> str:
-    if not isinstance(name, str) or not GROUP_NAME.match(name):
+    if not isinstance(name, str) or not GROUP_NAME.fullmatch(name):
         return ("resource group name must be 1-128 characters of letters, digits and "
                 "_ . : @ + -, got %r" % (name,))
     return ""

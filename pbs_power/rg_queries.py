@@ -130,7 +130,7 @@ class QueryMixin:
         """
         topo, _active = self.topology()
         results: List[GPUResult] = []
-        requests = []
+        requests, input_errors = [], 0
         with self.store.transaction():
             alloc = {e: m.applied_watts for e, m in self.store.allocations().items()}
             usage = budget.usage(topo, alloc) if topo else {}
@@ -138,6 +138,7 @@ class QueryMixin:
                 member, err = self._gpu_target(topo, node, policies)
                 if err:
                     results += _all_failed(node, policies, err)
+                    input_errors += 1
                     continue
                 planned, required = _gpu_watts(topo.entities[node].device, policies)
                 before = member.applied_watts or 0.0
@@ -158,9 +159,11 @@ class QueryMixin:
         for node, resp in (self.controller.send(requests) if requests else {}).items():
             results += _gpu_results(node, resp)
         bad = [r for r in results if not r.ok]
+        code = "ok" if not bad else ("invalid" if input_errors == len(node_gpu_policies)
+                                     else "failed")
         return QueryAnswer(not bad, "%d GPU limit(s) set, %d failed" % (len(results) - len(bad),
                                                                          len(bad)),
-                           "ok" if not bad else "failed", results=results)
+                           code, results=results)
 
     def _gpu_target(self, topo, node: str, policies: GPUPolicies) -> Tuple[Optional[MemberRow], str]:
         if topo is None or node not in topo.entities:
