@@ -151,9 +151,17 @@ class GroupStore:
         rows = self._rows("SELECT doc, active FROM topology WHERE id = 1")
         return (json.loads(rows[0][0]), bool(rows[0][1])) if rows else (None, False)
 
+    def topology_stamp(self) -> Tuple[Optional[float], bool]:
+        """(change stamp, active) of the stored topology, without reading it."""
+        rows = self._rows("SELECT changed, active FROM topology WHERE id = 1")
+        return (rows[0][0], bool(rows[0][1])) if rows else (None, False)
+
     def put_topology(self, doc: Mapping[str, Any], active: bool, when: float) -> None:
+        """Store the topology; its change stamp always moves forward."""
+        previous, _ = self.topology_stamp()
+        stamp = when if previous is None else max(when, previous + 1e-6)
         self._run("INSERT OR REPLACE INTO topology (id, doc, active, changed) VALUES (1, ?, ?, ?)",
-                  (json.dumps(doc), int(active), when))
+                  (json.dumps(doc), int(active), stamp))
 
     # -- groups --------------------------------------------------------------
     def group(self, name: str) -> Optional[GroupRow]:

@@ -325,16 +325,19 @@ def load_topology(path: Union[str, "os.PathLike[str]"]) -> Topology:
     return topology
 
 
-def parse_topology(doc: Any, source: str = "<topology>") -> Topology:
+def parse_topology(doc: Any, source: str = "<topology>", trusted: bool = False) -> Topology:
     """Validate a decoded topology document and build the Topology; ``doc`` is not modified.
 
     TopologyError lists every problem found, each naming its key path.
+    ``trusted`` skips the JSON Schema pass, for a document written by
+    `Topology.to_dict` of a topology that was validated (the service's own
+    stored copy): it saves every prolog the schema work.
     """
     if not isinstance(doc, dict):
         raise TopologyError("the topology must be a JSON object ({...}), got %s"
                             % describe(doc), source)
     try:
-        topology, problems = check_topology(doc)
+        topology, problems = check_topology(doc, schema=not trusted)
     except RecursionError:
         raise TopologyError("the topology is nested too deeply", source) from None
     if problems:

@@ -60,12 +60,15 @@ def decode_json(text: str) -> Tuple[Any, List[str]]:
     return json.loads(text, object_pairs_hook=pairs), duplicates
 
 
-def check_topology(doc: Mapping[str, Any]) -> Tuple[Optional[Topology], List[ConfigProblem]]:
+def check_topology(doc: Mapping[str, Any], schema: bool = True
+                   ) -> Tuple[Optional[Topology], List[ConfigProblem]]:
     """Check a decoded topology object: the Topology if nothing is wrong, and the problems.
 
     Unsorted problems; ``RecursionError`` passes through for a document nested too deeply.
+    ``schema=False`` skips the JSON Schema pass (and importing jsonschema): only for
+    documents this package wrote itself from a validated topology.
     """
-    problems = _schema_problems(doc)
+    problems = _schema_problems(doc) if schema else []
     topology = _build(doc, _Flagged(problems), problems)
     return topology, problems
 
