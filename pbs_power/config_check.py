@@ -100,15 +100,21 @@ def did_you_mean(word: Any, choices: Sequence[str]) -> str:
     return " (did you mean %r?)" % lowered[match[0]] if match else ""
 
 
+def load_packaged_schema(name: str) -> Dict[str, Any]:
+    """A JSON Schema shipped in ``pbs_power/schemas`` (from a zip too)."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas", name),
+                  "rb") as f:
+            raw = f.read()
+    except OSError:  # e.g. installed in a zip: ask the loader instead
+        raw = pkgutil.get_data("pbs_power", "schemas/" + name) or b""
+    return json.loads(raw.decode("utf-8"))
+
+
 @functools.lru_cache(maxsize=1)
 def load_schema() -> Dict[str, Any]:
     """The hook-config JSON Schema shipped in ``pbs_power/schemas``."""
-    try:
-        with open(SCHEMA_FILE, "rb") as f:
-            raw = f.read()
-    except OSError:  # e.g. installed in a zip: ask the loader instead
-        raw = pkgutil.get_data("pbs_power", "schemas/" + SCHEMA_NAME) or b""
-    return json.loads(raw.decode("utf-8"))
+    return load_packaged_schema(SCHEMA_NAME)
 
 
 def _resolve(schema: Dict[str, Any], root: Dict[str, Any]) -> Dict[str, Any]:

@@ -197,11 +197,15 @@ class GroupStore:
 
     def member_groups(self, entities: Sequence[str]) -> Dict[str, str]:
         """entity -> group for those of ``entities`` already in a group."""
-        out: Dict[str, str] = {}
-        for i in range(0, len(entities), 500):
-            chunk = list(entities[i:i + 500])
-            out.update(self._rows("SELECT entity, group_name FROM members WHERE entity IN (%s)"
-                                  % ",".join("?" * len(chunk)), chunk))
+        return self._pairs_in("SELECT entity, group_name FROM members WHERE entity IN (%s)",
+                              entities)
+
+    def _pairs_in(self, sql: str, keys: Sequence[str]) -> Dict[str, Any]:
+        """Two-column rows of ``sql`` whose ``IN (%s)`` takes ``keys``, 500 at a time."""
+        out: Dict[str, Any] = {}
+        for i in range(0, len(keys), 500):
+            chunk = list(keys[i:i + 500])
+            out.update(self._rows(sql % ",".join("?" * len(chunk)), chunk))
         return out
 
     def add_members(self, group: str, entities: Sequence[str], policy: Optional[str]) -> None:
@@ -258,12 +262,8 @@ class GroupStore:
 
     def get_device_states(self, devices: Sequence[str]) -> Dict[str, str]:
         """Stored states of ``devices`` (those that have one), in few queries."""
-        out: Dict[str, str] = {}
-        for i in range(0, len(devices), 500):
-            chunk = list(devices[i:i + 500])
-            out.update(self._rows("SELECT device, state FROM device_state WHERE device IN (%s)"
-                                  % ",".join("?" * len(chunk)), chunk))
-        return out
+        return self._pairs_in("SELECT device, state FROM device_state WHERE device IN (%s)",
+                              devices)
 
     def put_device_states(self, states: Mapping[str, str]) -> None:
         with self.transaction():

@@ -15,12 +15,11 @@ import functools
 import json
 import math
 import os
-import pkgutil
 import re
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from pbs_power.config_check import (
-    ConfigProblem, describe, did_you_mean, format_path, parse_hostlist,
+    ConfigProblem, describe, did_you_mean, format_path, load_packaged_schema, parse_hostlist,
 )
 from pbs_power.policy import PolicyError, PolicyObject, parse_policies
 
@@ -77,12 +76,7 @@ def check_topology(doc: Mapping[str, Any], schema: bool = True
 @functools.lru_cache(maxsize=1)
 def load_schema() -> Dict[str, Any]:
     """The topology JSON Schema shipped in ``pbs_power/schemas``."""
-    try:
-        with open(SCHEMA_FILE, "rb") as f:
-            raw = f.read()
-    except OSError:  # e.g. installed in a zip: ask the loader instead
-        raw = pkgutil.get_data("pbs_power", "schemas/" + SCHEMA_NAME) or b""
-    return json.loads(raw.decode("utf-8"))
+    return load_packaged_schema(SCHEMA_NAME)
 
 
 @functools.lru_cache(maxsize=None)
