@@ -461,14 +461,18 @@ def _summary(accepted: Mapping[str, Any], rejected: Mapping[str, HostOutcome]) -
 
 
 def _model_json(topo, entity: str) -> str:
-    """The entity's device model as JSON text (the spec part encoded once per spec)."""
+    """The device model of the entity's spec as JSON text, encoded once per spec.
+
+    Every entity of a spec shares it (the request's ``device`` names the
+    entity), so devices and the controller parse each model once per batch.
+    """
     model = topo.device_model(entity)
     cache = topo.__dict__.setdefault("_model_json_cache", {})
-    spec = cache.get(model["device_spec"])
-    if spec is None:
-        spec = cache[model["device_spec"]] = json.dumps(
-            {k: v for k, v in model.items() if k != "entity"})
-    return '{"entity": %s, %s' % (json.dumps(entity), spec[1:])
+    text = cache.get(model["device_spec"])
+    if text is None:
+        text = cache[model["device_spec"]] = json.dumps(
+            {k: v for k, v in model.items() if k != "entity"}, sort_keys=True)
+    return text
 
 
 def _alive(pid: int) -> bool:

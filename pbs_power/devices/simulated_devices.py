@@ -23,6 +23,7 @@ Failures and jitter are reproducible: drawn from (seed, device, kind, calls).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import random
@@ -115,6 +116,12 @@ class DeviceState:
                            "policy": self.policy, "resource_group": self.resource_group,
                            "calls": self.calls, "history": [list(h) for h in self.history]},
                           sort_keys=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _model_of(text: str) -> "DeviceModel":
+    """DeviceModel.parse, memoised: a fan-out sends one model text per device spec."""
+    return DeviceModel.parse(text)
 
 
 def _with(obj: Any, **changes: Any) -> Any:
@@ -322,7 +329,7 @@ class SimulatedDevices(DeviceBackend):
     def _begin(self, request: DeviceRequest):
         """Parse model and state; (model, state, delay, fail draw), or a failure."""
         try:
-            model = DeviceModel.parse(request.device_model_json)
+            model = _model_of(request.device_model_json)
         except ValueError as exc:
             return failure(request, "simulated device %s: %s" % (request.device, exc))
         try:
