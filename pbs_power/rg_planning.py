@@ -52,30 +52,26 @@ class Planner:
     # -- activation ------------------------------------------------------------
     def activation(self, group: GroupRow, members: Sequence[MemberRow], strict: bool,
                    allow_reprovision: bool) -> Plan:
+        """The highest policy level that fits, lowering other groups only if that gets it."""
         topo = self.topo
         entities = [m.entity for m in members]
         alloc = {e: m.applied_watts for e, m in self.store.allocations().items()}
         wanted = {m.entity: self.effective(m, group.policy) for m in members}
         before = {e: topo.node_watts(e, topo.topology_policy(e)) for e in entities}
+        chosen, lowered, first_over = self._highest_fit(group, entities, wanted, alloc, before,
+                                                        strict, allow_reprovision)
         plan = Plan(fallback={e: [None, None] for e in entities})
-        over = budget.overruns(topo, budget.usage(topo, alloc), before,
-                               budget.watts_of(topo, wanted))
         notes = []
-        if over and allow_reprovision:
-            over, lowered = self._reprovision(group, alloc, before, wanted)
-            for name, rows in lowered.items():
-                plan.lowered_groups.append(rows)
-                for m in rows:
-                    plan.requests[m.entity] = {"group": name, "kind": "resource_group_update",
-                                               "policy_name": m.applied_policy,
-                                               "watts": m.applied_watts}
-                notes.append("lowered %s to %s to make room" % (name, rows[0].applied_policy))
-        if over and strict:
-            raise PlanError("does not fit the power budget (strict): " + budget.describe(over))
-        chosen = self._fit_by_stepping_down(entities, wanted, alloc, before, over)
+        for name, rows in lowered.items():
+            plan.lowered_groups.append(rows)
+            for m in rows:
+                plan.requests[m.entity] = {"group": name, "kind": "resource_group_update",
+                                           "policy_name": m.applied_policy,
+                                           "watts": m.applied_watts}
+            notes.append("lowered %s to %s to make room" % (name, rows[0].applied_policy))
         if chosen is not wanted:
             notes.append("requested %s does not fit (%s); applied %s" % (
-                _names(wanted), budget.describe(over), _names(chosen)))
+                _names(wanted), budget.describe(first_over), _names(chosen)))
         for m in members:
             policy = chosen[m.entity]
             watts = topo.node_watts(m.entity, policy)
@@ -85,6 +81,31 @@ class Planner:
             plan.reserved.append(replace(m, applied_policy=name, applied_watts=watts))
         plan.note = "; ".join(notes)
         return plan
+
+    def _highest_fit(self, group, entities, wanted, alloc, before, strict, allow_reprovision):
+        """(policies, lowered groups, first overruns): the first level, top down, that fits.
+
+        Each level is tried as it is, then (if allowed) with other groups
+        lowered; strict allows only the requested level.
+        """
+        current, first_over = wanted, []
+        usage_now = budget.usage(self.topo, alloc)
+        while True:
+            over = budget.overruns(self.topo, usage_now, before,
+                                   budget.watts_of(self.topo, current))
+            if not over:
+                return current, {}, first_over
+            if allow_reprovision:
+                left, lowered = self._reprovision(group, dict(alloc), before, current)
+                if not left:
+                    return current, lowered, first_over
+            first_over = first_over or over
+            stepped = None if strict else budget.step_down(self.topo, entities, current)
+            if stepped is None:
+                raise PlanError("does not fit the power budget%s: %s" % (
+                    " (strict)" if strict else " even at the lowest policy",
+                    budget.describe(first_over)))
+            current = stepped
 
     def _fit_by_stepping_down(self, entities, wanted, alloc, before, over):
         chosen = wanted

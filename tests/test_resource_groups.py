@@ -115,6 +115,25 @@ def test_reprovision_takes_lowest_priority_first_and_respects_floors(svc):
     assert applied(svc, "rg_keep") == {"a1": "Low"}        # then the higher priority one
 
 
+def test_reprovision_lowers_others_only_as_far_as_needed(svc):
+    group(svc, "rg_a", ["a1", "a2"], "Med")
+    assert svc.activate("rg_a").status.ok                  # rack-a 2 x 700 + 2 x 500 = 2400
+    group(svc, "rg_b", ["a3", "a4", "b1"], "High")         # High: 1400 + 2000 = 3400 > 3000
+    r = svc.activate("rg_b", allow_reprovision=True)
+    assert r.status.ok and set(applied(svc, "rg_b").values()) == {"High"}
+    assert applied(svc, "rg_a") == {"a1": "Low", "a2": "Low"}   # 1000 + 2000 = 3000: enough
+
+
+def test_reprovision_does_not_lower_others_for_a_level_it_cannot_reach(svc):
+    group(svc, "rg_a", ["b1", "b2"], "Med")
+    assert svc.activate("rg_a").status.ok
+    group(svc, "rg_b", ["a1", "a2", "a3", "a4"], "High")   # rack-a alone: 4000 > 3000
+    r = svc.activate("rg_b", allow_reprovision=True)
+    assert r.status.ok and "lowered" not in r.status.diag_msg
+    assert applied(svc, "rg_a") == {"b1": "Med", "b2": "Med"}    # untouched: cannot help
+    assert set(applied(svc, "rg_b").values()) == {"Med"}
+
+
 def test_groups_without_dpm_are_never_lowered(svc):
     group(svc, "rg_fixed", ["a1", "a2"], "High", dpm_enable=False)
     assert svc.activate("rg_fixed").status.ok
