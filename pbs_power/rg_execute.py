@@ -14,9 +14,10 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .model import evolve
 from .rg_store import GroupStore, MemberRow, OperationRow
 
 #: Responses between two progress writes to the store, and at most this often (s).
@@ -94,12 +95,12 @@ def settle_members(members: Sequence[MemberRow], outcomes: Mapping[str, HostOutc
         result = outcomes.get(m.entity)
         if result is not None and result.ok:
             name, watts = planned[m.entity]
-            out.append(replace(m, applied_policy=name, applied_watts=watts, state="active",
+            out.append(evolve(m, applied_policy=name, applied_watts=watts, state="active",
                                diag=""))
         else:
             name, watts = fallback.get(m.entity, (None, None))
             diag = result.diag_msg if result is not None else "no answer"
-            out.append(replace(m, applied_policy=name, applied_watts=watts,
+            out.append(evolve(m, applied_policy=name, applied_watts=watts,
                                state="failed" if watts is None else m.state, diag=diag))
     return out
 

@@ -11,11 +11,12 @@ operation, so a worker process can carry it out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import budget
 from .rg_execute import HostOutcome
+from .model import evolve
 from .rg_store import GroupRow, MemberRow
 
 
@@ -78,7 +79,7 @@ class Planner:
             name = policy.name if policy is not None else None
             plan.requests[m.entity] = {"group": group.name, "kind": "resource_group_activate",
                                        "policy_name": name, "watts": watts}
-            plan.reserved.append(replace(m, applied_policy=name, applied_watts=watts))
+            plan.reserved.append(evolve(m, applied_policy=name, applied_watts=watts))
         plan.note = "; ".join(notes)
         return plan
 
@@ -149,7 +150,7 @@ class Planner:
                 policies = stepped
                 for e, p in stepped.items():
                     alloc[e] = topo.node_watts(e, p)
-                lowered[other.name] = [replace(m, applied_policy=policies[m.entity].name,
+                lowered[other.name] = [evolve(m, applied_policy=policies[m.entity].name,
                                                applied_watts=alloc[m.entity]) for m in rows]
                 over = budget.overruns(topo, budget.usage(topo, alloc), before, new_watts)
             if not over:
@@ -206,7 +207,7 @@ class Planner:
             name = policy.name if policy is not None else None
             plan.requests[e] = {"group": group.name, "kind": "resource_group_update",
                                 "policy_name": name, "watts": watts}
-            plan.reserved.append(replace(by_entity[e], applied_policy=name,
+            plan.reserved.append(evolve(by_entity[e], applied_policy=name,
                                          applied_watts=max(watts, before[e])))
         return plan
 

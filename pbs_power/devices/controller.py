@@ -23,10 +23,11 @@ import queue
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import (Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional,
                     Sequence, Tuple, Union)
 
+from ..model import evolve
 from .dispatch import WAKE, EventLoop, Slots, Workers
 
 KINDS = ("resource_group_activate", "resource_group_deactivate", "resource_group_update",
@@ -425,7 +426,7 @@ class _Batch:
                            % (flight.backend, type(state).__name__), elapsed_seconds=elapsed)
         if state is not None:
             self.unsaved[req.device] = state
-        return replace(outcome, elapsed_seconds=elapsed)
+        return evolve(outcome, elapsed_seconds=elapsed)
 
     def _expire(self) -> List[DeviceResponse]:
         """Failure responses for the requests whose deadline has passed; frees their slots."""

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
+from ..model import evolve
 from ..policy import (PolicyElementType, PolicyObject, PowerLimit, parse_gpu_policies,
                       parse_policy)
 from .base import BackendError
@@ -124,15 +125,6 @@ def _model_of(text: str) -> "DeviceModel":
     return DeviceModel.parse(text)
 
 
-def _with(obj: Any, **changes: Any) -> Any:
-    """A copy of a frozen dataclass with ``changes``: `dataclasses.replace` without
-    re-running ``__init__``, which is most of a simulated request's cost."""
-    new = object.__new__(obj.__class__)
-    new.__dict__.update(obj.__dict__)
-    new.__dict__.update(changes)
-    return new
-
-
 @dataclass(frozen=True)
 class Applied:
     """The outcome of applying one request: new state and what to report."""
@@ -160,14 +152,14 @@ def apply_request(kind: str, payload: Mapping[str, Any], model: DeviceModel,
         if gpu_set is not None:
             out = _merge(out, _apply_gpu_set(gpu_set, model, out.state))
         group = None if deactivate else payload.get("resource_group")
-        out = _with(out, state=_with(out.state, resource_group=group))
+        out = evolve(out, state=evolve(out.state, resource_group=group))
     elif kind == "gpu_policies_update":
         out = _apply_gpu_set(payload, model, state)
     else:
         raise ValueError("kind %r is not simulated" % kind)
     entry = (kind, payload.get("resource_group"), out.state.policy, out.state.node_cap_watts)
     history = (out.state.history + (entry,))[-HISTORY:]
-    return _with(out, state=_with(out.state, history=history))
+    return evolve(out, state=evolve(out.state, history=history))
 
 
 def _apply_policy_set(doc: Any, model: DeviceModel, state: DeviceState,
@@ -189,7 +181,7 @@ def _apply_policy_set(doc: Any, model: DeviceModel, state: DeviceState,
     if gpu_limit is not None or action == "unset":
         caps = {i: _gpu_watts(gpu_limit, model) for i in range(model.gpu_count)}
         results = tuple(GPUPolicyResult(i, True, w) for i, w in sorted(caps.items()))
-    new = _with(state, node_cap_watts=node_cap, gpu_caps=caps,
+    new = evolve(state, node_cap_watts=node_cap, gpu_caps=caps,
                   policy=None if policy is None else policy.name)
     return Applied(new, policy, results)
 
@@ -208,7 +200,7 @@ def _apply_gpu_set(doc: Any, model: DeviceModel, state: DeviceState) -> Applied:
     if action == "reset":
         caps = {i: _gpu_watts(base, model) for i in range(model.gpu_count)}
         results = tuple(GPUPolicyResult(i, True, w) for i, w in sorted(caps.items()))
-        return Applied(_with(state, gpu_caps=caps), None, results)
+        return Applied(evolve(state, gpu_caps=caps), None, results)
     caps, results, errors = dict(state.gpu_caps), [], []
     for gpu in parse_gpu_policies(doc.get("gpu_policies") or [], "gpu_policies").policies:
         if gpu.gpu_id >= model.gpu_count:
@@ -218,7 +210,7 @@ def _apply_gpu_set(doc: Any, model: DeviceModel, state: DeviceState) -> Applied:
             continue
         caps[gpu.gpu_id] = _gpu_watts(gpu.power_limit or base, model)
         results.append(GPUPolicyResult(gpu.gpu_id, True, caps[gpu.gpu_id]))
-    return Applied(_with(state, gpu_caps=caps), None, tuple(results), tuple(errors))
+    return Applied(evolve(state, gpu_caps=caps), None, tuple(results), tuple(errors))
 
 
 _POLICY_CACHE: Dict[str, Any] = {}
@@ -338,7 +330,7 @@ class SimulatedDevices(DeviceBackend):
             return failure(request, "simulated device %s: %s; starting afresh"
                            % (request.device, exc),
                            device_state_json=DeviceState.initial(model).to_json())
-        state = _with(state, calls=state.calls + 1)
+        state = evolve(state, calls=state.calls + 1)
         rng = random.Random("%d\0%s\0%s\0%d" % (self.seed, request.device, request.kind,
                                                state.calls))
         delay = self._delay(request, rng.random())
