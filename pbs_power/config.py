@@ -39,6 +39,18 @@ class BackendConfig:
 
 
 @dataclass(frozen=True)
+class JobPolicies:
+    """How job hooks give each job its resource group and policy."""
+
+    fail_open: bool = False
+    strict: bool = False
+    allow_reprovision: bool = False
+    queue_defaults: Mapping[str, str] = field(default_factory=dict)
+    eoe_policies: Mapping[str, str] = field(default_factory=dict)
+    device_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class HookConfig:
     """Effective hook configuration (file values over defaults)."""
 
@@ -62,6 +74,7 @@ class HookConfig:
     power_backend: BackendConfig = field(default_factory=BackendConfig)
     state_dir: str = "/var/spool/pbs_power"
     python_path: Tuple[str, ...] = ()
+    job_policies: JobPolicies = field(default_factory=JobPolicies)
     log_level: str = "info"
     #: Hosts named by ``exclude_nodes``, expanded once at load time.
     excluded_hosts: FrozenSet[str] = frozenset()
@@ -233,6 +246,8 @@ def _build(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) ->
     if isinstance(doc.get("node_power_overrides"), list):
         values["node_power_overrides"] = _overrides(
             doc["node_power_overrides"], values.get("node_power"), base_ok, bad, problems)
+    if isinstance(ok.get("job_policies"), dict):
+        values["job_policies"] = JobPolicies(**ok["job_policies"])
     if isinstance(doc.get("power_backend"), dict) and not bad("power_backend", "type"):
         values["power_backend"] = _backend(doc["power_backend"], bad, problems)
     _check_relations(doc, bad, problems)
@@ -367,5 +382,8 @@ def config_to_dict(config: HookConfig) -> Dict[str, Any]:
             value = dict(type=value.type, **dict(backend_defaults(value.type), **value.options))
         elif name == "python_path":
             value = list(value)
+        elif name == "job_policies":
+            value = {k: dict(v) if isinstance(v, Mapping) else v
+                     for k, v in asdict(value).items()}
         out[name] = value
     return out

@@ -532,3 +532,24 @@ def test_config_error_shape():
     assert str(ConfigError("plain", "f.json")) == "f.json: plain"
     copied = pickle.loads(pickle.dumps(err))
     assert (copied.problems, copied.source, str(copied)) == (err.problems, err.source, str(err))
+
+
+def test_job_policies_section():
+    cfg = parse_config({"job_policies": {"fail_open": "true", "allow_reprovision": True,
+                                         "queue_defaults": {"gpuq": "Node-High"},
+                                         "eoe_policies": {"low": "Node-Low"}}})
+    jp = cfg.job_policies
+    assert jp.fail_open and jp.allow_reprovision and not jp.strict
+    assert jp.queue_defaults == {"gpuq": "Node-High"} and jp.eoe_policies == {"low": "Node-Low"}
+    assert parse_config({}).job_policies.queue_defaults == {}
+
+
+@pytest.mark.parametrize("doc,message", [
+    ({"job_policies": {"fail_opn": True}}, "unknown key 'fail_opn' in job_policies (did you mean 'fail_open'?)"),
+    ({"job_policies": {"strict": 1}}, "job_policies.strict must be true or false"),
+    ({"job_policies": {"queue_defaults": {"gpuq": ""}}}, "job_policies.queue_defaults.gpuq"),
+])
+def test_bad_job_policies(doc, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config(doc)
+    assert message in str(err.value)
