@@ -73,3 +73,15 @@ def test_apply_marks_builds_values_the_server_accepts(pbs):
     assert vnodes["b"].state == pbs.ND_OFFLINE           # admin's offline is kept
     assert vnodes["c"].state == pbs.ND_OFFLINE and vnodes["c"].comment == "why"
     assert logs and "ghost" in logs[0][1]
+
+
+@pytest.mark.parametrize("eligible,mgmt,expected", [
+    (True, None, True), (True, True, True), (True, False, False), (True, "False", False),
+    (False, True, False), (None, None, False),
+])
+def test_power_managed_honours_poweroff_eligible_and_power_mgmt(eligible, mgmt, expected):
+    class V:
+        poweroff_eligible = eligible
+        resources_available = {"host": "n1"} if mgmt is None else {"host": "n1",
+                                                                    "power_mgmt": mgmt}
+    assert adapter.power_managed(V()) is expected

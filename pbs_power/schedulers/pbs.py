@@ -56,11 +56,25 @@ def vnodes_from(pbs, vnode_list: Dict[str, Any]) -> Tuple[Vnode, ...]:
         host = _resource(v, "host") or re.sub(r"\[.*\]$", "", name)
         out.append(Vnode(
             name=name, host=str(host), states=state_names(pbs, v.state),
-            poweroff_eligible=bool(v.poweroff_eligible),
+            poweroff_eligible=power_managed(v),
             last_used_time=_epoch(v.last_used_time),
             last_state_change_time=_epoch(v.last_state_change_time),
             jobs=_id_list(v.jobs), resvs=_id_list(v.resv)))
     return tuple(out)
+
+
+def power_managed(vnode) -> bool:
+    """Eligible for power-down: ``poweroff_eligible`` set and ``power_mgmt`` not false.
+
+    ``poweroff_eligible`` is PBS's own attribute (unset counts as false, as in
+    PBS); ``power_mgmt`` is an optional custom boolean resource
+    (``resources_available.power_mgmt``) that lets admins exclude a node
+    from power management without touching PBS's attribute.
+    """
+    if not bool(vnode.poweroff_eligible):
+        return False
+    flag = _resource(vnode, "power_mgmt")
+    return flag is None or flag.strip().lower() not in ("false", "0", "no", "f", "n")
 
 
 def reservations_from(resv_list: Dict[str, Any]) -> Tuple[Reservation, ...]:
