@@ -17,6 +17,7 @@ SUBCOMMANDS: List[str] = [
     "pbs_power.cli_demo",
     "pbs_power.cli_topology",
     "pbs_power.cli_rg",
+    "pbs_power.cli_pbs",
 ]
 
 DESCRIPTION = (
