@@ -358,6 +358,8 @@ def _check_settable(obj, name):
     if etype == PERIODIC and not isinstance(obj, _vnode):
         raise AssertionError("Can only set node,resource attributes under "
                              "periodic event.")
+    if etype in (JOBOBIT, PROVISION):  # no case in the switch: default
+        raise AssertionError("Unexpected event")
     if etype == RUNJOB and not ((isinstance(obj, _job)
                                  and name in _RUNJOB_JOB_ATTRS)
                                 or (isinstance(obj, _vnode)
@@ -395,13 +397,27 @@ class _job(_PbsObject):
         ("Job_Name", "Job_Owner", "queue", "server", "comment", "exec_vnode",
          "exec_host", "schedselect", "euser", "egroup", "project",
          "Hold_Types", "Error_Path", "Output_Path", "depend", "Account_Name",
-         "create_resv_from_job", "Variable_List"), _STR)
+         "create_resv_from_job", "Variable_List", "array_id"), _STR)
     _ATTRS.update(dict.fromkeys(
         ("Priority", "ctime", "qtime", "mtime", "stime", "etime",
-         "Execution_Time", "Exit_status", "run_count", "substate"), _INT))
+         "Execution_Time", "Exit_status", "run_count", "substate",
+         "obittime", "array_index", "run_version"), _INT))
     _ATTRS.update(dict.fromkeys(("Resource_List", "resources_used",
                                  "estimated"), _RESC))
     _ATTRS.update({"id": _RO, "job_state": _JSTATE})
+
+
+class _queue(object):
+    """A job's ``queue`` in server events: the queue object
+    (``_pps_helper_get_job`` sets it), not a string; ``str()`` is its name."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return self.name
+
+    __repr__ = __str__
 
 
 class _resv(_PbsObject):
@@ -430,11 +446,12 @@ class _event(object):
             object.__setattr__(self, k, v)
 
     def accept(self, ecode=0):
-        _state.update(accepted=True, mod_disallowed=True)
+        _state.update(accepted=True, mod_disallowed=True, ecode=ecode)
         raise SystemExit(str(ecode))
 
     def reject(self, emsg="", ecode=255):
-        _state.update(accepted=False, reject_msg=emsg, mod_disallowed=True)
+        _state.update(accepted=False, reject_msg=emsg, mod_disallowed=True,
+                      ecode=ecode)
         raise SystemExit(str(ecode))
 
     def __getattr__(self, key):
@@ -496,7 +513,7 @@ pbs_conf = {}
 _log = []  # the lines written, in order
 _state = {"event": None, "server": None, "python_mode": False,
           "mod_disallowed": False, "accepted": True, "reject_msg": None,
-          "scheduler_restart_cycle": False, "local_node": ""}
+          "scheduler_restart_cycle": False, "local_node": "", "ecode": 0}
 
 
 def _install(event_obj, server_obj, conf, local_node):

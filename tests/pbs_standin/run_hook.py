@@ -126,6 +126,8 @@ def _make_job(pbs, jobid, raw):
     st = raw.pop("job_state", "Q")
     j.job_state = pbs._JOB_STATE_LETTERS[st] if isinstance(st, str) else st
     _fill(pbs, j, raw)
+    if j.queue is not None:  # a queue object in server events
+        object.__setattr__(j, "queue", pbs._queue(j.queue))
     return j
 
 
@@ -266,6 +268,32 @@ def _write_back(pbs, state, ev, now, outcome):
     return applied, errors
 
 
+def _server_effects(pbs, state, ev, outcome, hook_msg, now):
+    """What the server (and scheduler) do after a runjob, jobobit or provision
+    hook, as far as STATE.json shows it (README.md, "Job events")."""
+    params = getattr(ev, "_param", {})
+    job = params.get("job")
+    rec = (state.get("jobs") or {}).get(job.id) if job is not None else None
+    if ev.type == pbs.RUNJOB and rec is not None:
+        if outcome["accepted"]:
+            rec.update(job_state="R", stime=int(now))
+        else:  # job stays queued; the scheduler quotes the reply text
+            rec["comment"] = "Not Running: PBS Error: %s" % hook_msg
+    elif ev.type == pbs.JOBOBIT and rec is not None:
+        rec.update(job_state="F", obittime=int(now))
+    elif ev.type == pbs.PROVISION:
+        vn = (state.get("vnodes") or {}).get(params.get("vnode"))
+        if vn is None:
+            return
+        if outcome["exit_code"] in (0, 1):  # prov_request_deferred()
+            vn["current_aoe"] = params.get("aoe")
+        else:  # fail_vnode(): offline, current_aoe unset
+            vn["state"] = sorted(set(vn.get("state") or []) - {"free"}
+                                 | {"offline"})
+            vn["comment"] = "Vnode offlined since it failed provisioning"
+            vn["current_aoe"] = None
+
+
 def main(argv=None):
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     if args.now is not None:
@@ -298,14 +326,22 @@ def main(argv=None):
     pbs._set_python_mode(False)
     now = time.time()
     outcome = {"accepted": pbs._state["accepted"] and exc is None,
-               "reject_msg": pbs._state["reject_msg"]}
+               "reject_msg": pbs._state["reject_msg"],
+               "exit_code": None if exc is not None else
+               _exit_code(pbs._state["ecode"])}
     etext = args.event
+    hook_msg = outcome["reject_msg"] or "%s request rejected by '%s'" % (
+        etext, hook_name)
     if alarmed:
         pbs.logmsg(pbs.LOG_ERROR, "alarm call while running %s hook '%s', "
                    "request rejected" % (etext, hook_name))
+        hook_msg = ("request rejected as filter hook '%s' got an alarm call. "
+                    "Please inform Admin" % hook_name)
     elif exc is not None:
         pbs.logmsg(pbs.LOG_ERROR, "%s hook '%s' encountered an exception, "
                    "request rejected" % (etext, hook_name))
+        hook_msg = ("request rejected as filter hook '%s' encountered an "
+                    "exception. Please inform Admin" % hook_name)
     elif not outcome["accepted"]:
         pbs.logmsg(pbs.LOG_ERROR, "%s request rejected by '%s'"
                    % (etext, hook_name))
@@ -314,11 +350,13 @@ def main(argv=None):
     with open(args.state) as f:  # re-read: only what the hook changed is ours
         state = json.load(f)
     applied, errors = _write_back(pbs, state, ev, now, outcome)
+    _server_effects(pbs, state, ev, outcome, hook_msg, now)
     state["last_run"] = {
         "accepted": outcome["accepted"],
         "reject_msg": outcome["reject_msg"] if not outcome["accepted"]
         and exc is None else None,
-        "exception": exc, "log": list(pbs._log), "event": args.event,
+        "exception": exc, "exit_code": outcome["exit_code"],
+        "log": list(pbs._log), "event": args.event,
         "hook_name": hook_name, "now": now, "applied": applied,
         "apply_errors": errors,
         "scheduler_restart_cycle": pbs._state["scheduler_restart_cycle"],
@@ -329,6 +367,14 @@ def main(argv=None):
         json.dump(state, f, indent=2, sort_keys=True)
     os.replace(tmp, args.state)
     return 0
+
+
+def _exit_code(ecode):
+    """The hook's exit status as the provisioning child reports it."""
+    try:
+        return int(ecode) & 0xff
+    except (TypeError, ValueError):
+        return 1  # SystemExit with a non-numeric code
 
 
 def _count_lines(path):
