@@ -2,7 +2,9 @@
 
 Only this module knows PBS's objects. It is handed the ``pbs`` module (the
 one PBS builds into its hook interpreter), so importing it never needs PBS.
-Queued jobs' estimates come from ONE ``qstat -f -F json`` per cycle.
+Queued jobs' estimates come from ONE ``qstat -f -F json`` per cycle; the
+same answer names every live job, so resource groups of jobs that are gone
+(a missed jobobit) are deleted (``pbs_jobs.cleanup_leaked``).
 """
 from __future__ import annotations
 
@@ -125,6 +127,11 @@ def parse_qstat_time(value: Any) -> Optional[float]:
 
 def query_queued_jobs(pbs_exec: str, timeout: float = QSTAT_TIMEOUT) -> Tuple[QueuedJob, ...]:
     """Run ``qstat -f -F json`` once and return the queued jobs."""
+    return queued_jobs_from(query_jobs_json(pbs_exec, timeout))
+
+
+def query_jobs_json(pbs_exec: str, timeout: float = QSTAT_TIMEOUT) -> Dict[str, Any]:
+    """Run ``qstat -f -F json`` once and return its document; QueryError says why not."""
     qstat = os.path.join(pbs_exec, "bin", "qstat")
     try:
         proc = subprocess.run([qstat, "-f", "-F", "json"], stdout=subprocess.PIPE,
@@ -138,7 +145,14 @@ def query_queued_jobs(pbs_exec: str, timeout: float = QSTAT_TIMEOUT) -> Tuple[Qu
         doc = json.loads(proc.stdout.decode(errors="replace"), strict=False)
     except ValueError as exc:
         raise QueryError("%s printed invalid JSON: %s" % (qstat, exc))
-    return queued_jobs_from(doc)
+    if not isinstance(doc, dict):
+        raise QueryError("%s printed JSON that is not an object" % qstat)
+    return doc
+
+
+def live_job_ids_from(doc: Dict[str, Any]) -> FrozenSet[str]:
+    """Every job qstat lists (queued, held, running, exiting ...; arrays as ``N[]``)."""
+    return frozenset(str(jid) for jid in (doc.get("Jobs") or {}))
 
 
 # -- plain data -> PBS objects ----------------------------------------------
@@ -211,8 +225,10 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
         log("warning", warning)
     event = pbs.event()
     now = time.time()
+    live = None  # job ids for the leaked-group cleanup; None = unknown, no cleanup
     try:
-        jobs = query_queued_jobs(pbs.get_pbs_conf()["PBS_EXEC"])
+        doc = query_jobs_json(pbs.get_pbs_conf()["PBS_EXEC"])
+        jobs, live = queued_jobs_from(doc), live_job_ids_from(doc)
     except (QueryError, KeyError) as exc:
         log("error", "queued jobs unknown (%s); no host is taken down this cycle" % exc)
         jobs = ()
@@ -223,6 +239,9 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
             get_backend(config.power_backend, config.state_dir) as backend:
         report = Cycle(config, store, backend, log).run(snapshot, now)
     apply_marks(pbs, event.vnode_list, report.marks, log)
+    if live is not None:
+        from .pbs_jobs import cleanup_after_qstat
+        cleanup_after_qstat(config, live, now, log)
 
 
 # -- small helpers ----------------------------------------------------------
