@@ -478,3 +478,13 @@ def test_parse_pbsnodes_json_edge_cases():
     with pytest.raises(ValueError):
         pi.parse_pbsnodes_json("[1, 2]")
     assert pi.parse_bool("maybe") is None and pi.parse_bool(True) is True
+
+
+def test_default_hooks_dir_finds_the_source_tree_or_the_installed_copy(monkeypatch, tmp_path):
+    from pbs_power.schedulers import pbs_install
+    assert pbs_install.default_hooks_dir() == str(pbs_install.package_parent()) + "/hooks"
+    shared = tmp_path / "share" / "pbs-power" / "hooks"
+    shared.mkdir(parents=True)
+    (shared / "PBS_power.py").write_text("# hook")
+    monkeypatch.setattr(pbs_install, "package_parent", lambda: str(tmp_path))
+    assert pbs_install.default_hooks_dir() == str(shared)

@@ -135,9 +135,19 @@ def missing_hook_files(hooks_dir: str) -> List[str]:
 
 
 def default_hooks_dir() -> Optional[str]:
-    """The ``hooks`` directory beside the ``pbs_power`` package (source tree), if any."""
-    path = os.path.join(package_parent(), "hooks")
-    return path if os.path.isdir(path) else None
+    """Where the hook scripts are: the source tree's ``hooks``, else where pip put them.
+
+    The wheel installs them as data files under ``share/pbs-power/hooks``: in
+    the ``--target`` directory for a PBS-side install, else under sys.prefix.
+    """
+    import sys
+    parent = package_parent()
+    for path in (os.path.join(parent, "hooks"),
+                 os.path.join(parent, "share", "pbs-power", "hooks"),
+                 os.path.join(sys.prefix, "share", "pbs-power", "hooks")):
+        if os.path.isfile(os.path.join(path, HOOKS[0].file)):
+            return path
+    return None
 
 
 def package_parent() -> str:
