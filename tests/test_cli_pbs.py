@@ -488,3 +488,14 @@ def test_default_hooks_dir_finds_the_source_tree_or_the_installed_copy(monkeypat
     (shared / "PBS_power.py").write_text("# hook")
     monkeypatch.setattr(pbs_install, "package_parent", lambda: str(tmp_path))
     assert pbs_install.default_hooks_dir() == str(shared)
+
+
+def test_readme_lists_exactly_the_install_commands():
+    import re
+    from pathlib import Path
+    from pbs_power.schedulers import pbs_install
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listed = re.findall(r"^qmgr -c '(.*)'$", readme, re.M)
+    expected = pbs_install.install_commands("/opt/pbs_power/lib/share/pbs-power/hooks",
+                                            "/etc/pbs_power.json")
+    assert listed == expected
