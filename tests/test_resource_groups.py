@@ -290,3 +290,18 @@ def test_create_needs_an_active_topology(tmp_path):
     r = svc.create("rg_1", 1)
     assert not r.status.ok and "no active topology" in r.status.diag_msg
     svc.close()
+
+
+def test_a_closed_service_leaves_no_thread_or_socket_behind(tmp_path):
+    """Job hooks run inside pbs_server: each job's service must clean up fully."""
+    import os
+    import threading
+    service(tmp_path).close()
+    fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+    for i in range(10):
+        svc = ResourceGroupService(str(tmp_path), {"simulated": {"latency_ms": 0}})
+        group(svc, "rg_%d" % i, ["a1"], "Med")
+        assert svc.activate("rg_%d" % i).status.ok and svc.delete("rg_%d" % i).status.ok
+        svc.close()
+    assert len(os.listdir("/proc/self/fd")) <= fds
+    assert threading.active_count() <= threads

@@ -128,4 +128,11 @@ class EventLoop:
         self.loop.call_soon_threadsafe(spawn)
 
     def close(self) -> None:
+        """Stop the loop and release its sockets: hooks run inside pbs_server,
+        which must not collect a thread and a socket pair per job."""
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=1.0)
+        if not self.loop.is_running():
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.close()
