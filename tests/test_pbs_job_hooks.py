@@ -89,6 +89,27 @@ def job_log(rec, jid):
     return [l.split(";", 2)[2] for l in rec["log"] if l.split(";")[1] == jid]
 
 
+def test_a_leaked_group_of_an_ended_job_does_not_block_the_next_job(site, tmp_path):
+    svc = ResourceGroupService(str(tmp_path / "state"), FAST)
+    assert svc.create("rg_41.pbssvr", 41, "Node-Low").status.ok      # job 41's jobobit was missed
+    assert svc.add_resources("rg_41.pbssvr", ["gpu001"]).status.ok
+    assert svc.activate("rg_41.pbssvr").status.ok
+    svc.close()
+    add_job(site, "42.pbssvr", job("(gpu001:ncpus=1)", power_policy="Node-Low"))
+    rec = run_job_hook(site, "42.pbssvr", "runjob")
+    assert rec["accepted"] and set(groups(tmp_path)) == {"rg_42.pbssvr"}
+    assert any("deleted rg_41.pbssvr: job 41.pbssvr has ended" in l
+               for l in job_log(rec, "42.pbssvr"))
+
+
+def test_a_group_of_a_live_job_is_never_taken(site, tmp_path):
+    add_job(site, "41.pbssvr", job("(gpu001:ncpus=1)", power_policy="Node-Low"))
+    assert run_job_hook(site, "41.pbssvr", "runjob")["accepted"]
+    add_job(site, "42.pbssvr", job("(gpu001:ncpus=1)", power_policy="Node-Low"))
+    rec = run_job_hook(site, "42.pbssvr", "runjob")
+    assert not rec["accepted"] and set(groups(tmp_path)) == {"rg_41.pbssvr"}
+
+
 # -- a job's life ------------------------------------------------------------------
 def test_job_under_budget_gets_its_policy_until_it_ends(site, tmp_path):
     add_job(site, "42.pbssvr", job("(gpu001:ncpus=1)+(gpu002:ncpus=1)", power_policy="Node-Low"))

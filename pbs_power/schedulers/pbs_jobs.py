@@ -212,10 +212,40 @@ def _start(pbs, service, job, job_policies, log: LogFn) -> Outcome:
         say("info", "no managed host in exec_vnode %r: nothing to do"
             % str(job.exec_vnode or ""))
         return Outcome(True)
+    free_hosts_of_ended_jobs(pbs, service, managed, group_name(job_id), say)
     policy, why = choose_policy(_resource(job.Resource_List, "power_policy"), requested_eoe(job),
                                 str(job.queue) if job.queue is not None else None,
                                 job_policies, topo.policies)
     return start_job_group(service, job_id, managed, policy, why, job_policies, say)
+
+
+def free_hosts_of_ended_jobs(pbs, service, hosts: Sequence[str], own: str,
+                             say: LogFn) -> List[str]:
+    """Delete groups of jobs that have ended but still hold ``hosts`` (a missed jobobit).
+
+    Without this a new job on those hosts would fail to activate until the
+    periodic hook's cleanup. Only a group whose job pbs_server no longer
+    knows, or knows as finished, is deleted; array subjob groups (whose
+    names cannot be mapped back to a job id) are left to the periodic hook.
+    """
+    ended_states = {getattr(pbs, "JOB_STATE_FINISHED", 9), getattr(pbs, "JOB_STATE_EXPIRED", 6)}
+    deleted = []
+    for group in sorted(set(service.store.member_groups(list(hosts)).values()) - {own}):
+        job_id = group[3:] if group.startswith("rg_") and "_" not in group[3:] else None
+        if not job_id:
+            continue
+        try:
+            other = pbs.server().job(job_id)
+        except Exception:  # cannot tell: leave it
+            continue
+        state = None if other is None else getattr(other, "job_state", None)
+        if other is not None and state not in ended_states:
+            continue
+        if service.delete(group).status.ok:
+            deleted.append(group)
+            say("info", "deleted %s: job %s has ended but its group still held %s"
+                % (group, job_id, ",".join(sorted(hosts))))
+    return deleted
 
 
 def start_job_group(service, job_id: str, hosts: Sequence[str], policy: Optional[str], why: str,
