@@ -22,7 +22,8 @@ SUBCOMMANDS: List[str] = [
 
 DESCRIPTION = (
     "Power management for HPC batch clusters, run from PBS Pro/OpenPBS and Slurm hooks.\n"
-    "The hooks do the work; this command lets an admin check and inspect what they use."
+    "The hooks do the periodic work; this command checks their config, installs them,\n"
+    "manages the topology, policies and per-job resource groups, and runs the demo."
 )
 
 
