@@ -499,3 +499,15 @@ def test_readme_lists_exactly_the_install_commands():
     expected = pbs_install.install_commands("/opt/pbs_power/lib/share/pbs-power/hooks",
                                             "/etc/pbs_power.json")
     assert listed == expected
+
+
+def test_every_hook_ships_an_hk_file_that_agrees_with_install():
+    from pathlib import Path
+    from pbs_power.schedulers import pbs_install
+    hooks = Path(__file__).resolve().parents[1] / "hooks"
+    for hook in pbs_install.HOOKS:
+        hk = hooks / (Path(hook.file).stem + ".HK")
+        attrs = dict(line.split("=", 1) for line in hk.read_text().split())
+        assert attrs["type"] == "site" and attrs["enabled"] == "false"
+        for key, value in hook.attributes:
+            assert attrs[key] == value, (hk.name, key)
