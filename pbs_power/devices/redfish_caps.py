@@ -1,0 +1,235 @@
+"""Node power caps through a Redfish Chassis: read, set, and read back.
+
+Two DMTF resources carry a chassis power limit; a BMC offers one or both:
+
+* ``EnvironmentMetrics.PowerLimitWatts`` (newer): ``SetPoint``, with
+  ``AllowableMin``/``AllowableMax``;
+* ``Power.PowerControl[i].PowerLimit.LimitInWatts`` (older), with
+  ``PowerCapacityWatts`` as the upper bound and no standard lower bound.
+
+The allowed range of a cap is what the BMC advertises, narrowed by the node's
+own range from the topology (``node.min_watts``/``max_watts``). A cap outside
+it is clamped into it (``clamp``, the default; the result says so) or refused
+before anything is sent (``refuse``). After a PATCH the resource is read
+again and the value the BMC holds is reported, since BMCs round or adjust.
+The ``Controls`` resource (Redfish 2021+) is not used yet.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+import json
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..policy import PolicyElementType, PowerLimit, PolicyObject, parse_policy
+from .controller import GPUPolicyResult
+from .redfish_client import RedfishClient, RedfishError
+
+ENV = "EnvironmentMetrics"
+POWER = "PowerControl"
+
+
+@dataclass(frozen=True)
+class CapReading:
+    """A chassis power-limit resource and what it holds."""
+
+    path: str                  # the resource to GET and PATCH
+    style: str                 # ENV or POWER
+    index: int                 # PowerControl member (0 for ENV)
+    watts: Optional[float]     # the limit now (None: no limit set)
+    low: Optional[float]       # what the BMC allows
+    high: Optional[float]
+    etag: Optional[str] = None
+
+    def describe(self) -> str:
+        if self.style == ENV:
+            return "EnvironmentMetrics PowerLimitWatts"
+        return "Power PowerControl[%d].PowerLimit" % self.index
+
+
+@dataclass(frozen=True)
+class CapResult:
+    """A cap change: what was asked, what was sent, what the BMC holds now."""
+
+    requested: float
+    sent: Optional[float]
+    held: Optional[float]
+    note: str = ""
+
+
+class CapRefused(RedfishError):
+    """A cap outside the allowed range under ``cap_out_of_range: refuse``."""
+
+
+def find_cap(client: RedfishClient, chassis: str, prefer: str,
+             deadline: Optional[float]) -> CapReading:
+    """The power-limit resource of ``chassis`` (path), per ``prefer`` (see CAP_RESOURCES)."""
+    doc = client.get(chassis, deadline)
+    env = (doc.get("EnvironmentMetrics") or {}).get("@odata.id")
+    power = (doc.get("Power") or {}).get("@odata.id")
+    order: List[Tuple[str, Optional[str]]] = [(ENV, env), (POWER, power)]
+    if prefer == POWER:
+        order.reverse()
+    if prefer != "auto":
+        order = order[:1]
+    for style, path in order:
+        if path:
+            found = read_cap(client, path, style, deadline)
+            if found is not None:
+                return found
+    offered = " or ".join(s for s, _ in order)
+    raise RedfishError("%s: chassis %s offers no power limit (%s)"
+                       % (client.name, doc.get("@odata.id", chassis), offered))
+
+
+def read_cap(client: RedfishClient, path: str, style: str,
+             deadline: Optional[float]) -> Optional[CapReading]:
+    """The limit at ``path`` (None when the resource carries no power limit)."""
+    doc = client.get(path, deadline)
+    etag = doc.get("@odata.etag")
+    if style == ENV:
+        limit = doc.get("PowerLimitWatts")
+        if not isinstance(limit, dict):
+            return None
+        return CapReading(path, ENV, 0, _number(limit.get("SetPoint")),
+                          _number(limit.get("AllowableMin")), _number(limit.get("AllowableMax")),
+                          etag)
+    for index, member in enumerate(doc.get("PowerControl") or []):
+        if isinstance(member, dict) and isinstance(member.get("PowerLimit"), dict):
+            return CapReading(path, POWER, index,
+                              _number(member["PowerLimit"].get("LimitInWatts")), None,
+                              _number(member.get("PowerCapacityWatts")), etag)
+    return None
+
+
+def reread(client: RedfishClient, cap: CapReading, deadline: Optional[float]) -> CapReading:
+    found = read_cap(client, cap.path, cap.style, deadline)
+    if found is None:
+        raise RedfishError("%s: %s no longer carries a power limit" % (client.name, cap.path))
+    return found
+
+
+def allowed_range(cap: CapReading, node_min: Optional[float],
+                  node_max: Optional[float]) -> Tuple[Optional[float], Optional[float]]:
+    """The BMC's range narrowed by the node's (either end may be unknown: None)."""
+    lows = [v for v in (cap.low, node_min) if v is not None]
+    highs = [v for v in (cap.high, node_max) if v is not None]
+    return (max(lows) if lows else None, min(highs) if highs else None)
+
+
+def fit(watts: float, low: Optional[float], high: Optional[float], mode: str,
+        what: str) -> Tuple[float, str]:
+    """The value to send and a note; CapRefused when refused (``what`` names the range)."""
+    if low is not None and high is not None and low > high:
+        raise CapRefused("no cap is possible: the allowed range is empty (%s)" % what)
+    above = high is not None and watts > high
+    below = low is not None and watts < low
+    if not (above or below):
+        return watts, ""
+    bound = high if above else low
+    span = "%s-%s W" % (fmt_watts(low), fmt_watts(high))
+    if mode == "refuse":
+        raise CapRefused("cap %s W is outside the allowed range %s (%s); nothing changed"
+                         % (fmt_watts(watts), span, what))
+    return bound, "requested %s W, clamped to %s W (allowed %s, %s)" % (
+        fmt_watts(watts), fmt_watts(bound), span, what)
+
+
+def set_cap(client: RedfishClient, cap: CapReading, watts: float, mode: str,
+            node_min: Optional[float], node_max: Optional[float],
+            deadline: Optional[float]) -> CapResult:
+    """Fit ``watts`` into the allowed range, PATCH it, and read back what the BMC holds."""
+    low, high = allowed_range(cap, node_min, node_max)
+    what = _range_source(cap, node_min, node_max)
+    sent, note = fit(float(watts), low, high, mode, what)
+    client.patch(cap.path, _body(cap, sent), deadline, cap.etag)
+    held = reread(client, cap, deadline).watts
+    if held is None or abs(held - sent) > 1e-6:
+        extra = "the BMC holds %s W after %s W was sent" % (fmt_watts(held), fmt_watts(sent))
+        note = "%s; %s" % (note, extra) if note else extra
+    return CapResult(float(watts), sent, held, note)
+
+
+def _body(cap: CapReading, watts: float) -> Dict[str, Any]:
+    value: Any = int(watts) if float(watts).is_integer() else round(watts, 3)
+    if cap.style == ENV:
+        return {"PowerLimitWatts": {"SetPoint": value}}
+    members: List[Dict[str, Any]] = [{} for _ in range(cap.index)]  # PATCH keeps the others
+    return {"PowerControl": members + [{"PowerLimit": {"LimitInWatts": value}}]}
+
+
+def _range_source(cap: CapReading, node_min: Optional[float], node_max: Optional[float]) -> str:
+    parts = []
+    if cap.low is not None or cap.high is not None:
+        parts.append("AllowableMin/AllowableMax" if cap.style == ENV else "PowerCapacityWatts")
+    if node_min is not None or node_max is not None:
+        parts.append("the node's min_watts/max_watts")
+    return "from " + " and ".join(parts) if parts else "no range known"
+
+
+def _number(value: Any) -> Optional[float]:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if ok and math.isfinite(value) else None
+
+
+def fmt_watts(value: Optional[float]) -> str:
+    """``500`` for 500.0 watts, ``?`` when unknown."""
+    return "?" if value is None else "%g" % value
+
+
+# -- device requests: which node limit they ask for ---------------------------------
+def node_range(model_json: str) -> Tuple[Optional[float], Optional[float]]:
+    """The node's (min_watts, max_watts) from its device model JSON (either may be None)."""
+    try:
+        doc = json.loads(model_json)
+    except (TypeError, ValueError) as exc:
+        raise ValueError("device model JSON is not valid JSON: %s" % exc) from None
+    node = doc.get("node") if isinstance(doc, dict) else None
+    if not isinstance(node, dict):
+        return None, None
+    out = []
+    for key in ("min_watts", "max_watts"):
+        value = node.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError("device model JSON: node.%s must be a number, not %r" % (key, value))
+        out.append(None if value is None else float(value))
+    return out[0], out[1]
+
+
+def node_limit(kind: str, payload: Mapping[str, Any]
+               ) -> Tuple[bool, Optional[PowerLimit], Optional[PolicyObject]]:
+    """(change the cap?, the node PowerLimit or None for "uncapped", the policy or None)."""
+    if not isinstance(payload, Mapping):
+        raise ValueError("payload must be an object")
+    deactivate = kind.endswith("_deactivate")
+    doc: Any = payload
+    if kind.startswith("resource_group_"):
+        doc = payload.get("policy")
+        if doc is None and not deactivate:
+            return False, None, None  # GPU policies only: the node cap stays
+        doc = doc or {}
+    if not isinstance(doc, Mapping):
+        raise ValueError("policy request must be an object")
+    action = "unset" if deactivate else doc.get("policy_action", "set")
+    if action not in ("set", "unset"):
+        raise ValueError("policy_action must be 'set' or 'unset', not %r" % (action,))
+    policy = None if doc.get("policy") is None else parse_policy(doc["policy"], "policy")
+    if policy is None and action == "set":
+        raise ValueError("policy_action 'set' needs a policy")
+    if policy is None:
+        return True, None, None
+    return True, policy.limit(PolicyElementType.NODE), policy
+
+
+def gpu_refusals(payload: Mapping[str, Any]) -> Tuple[GPUPolicyResult, ...]:
+    """A failed result per GPU a request asks to cap: Redfish caps whole nodes here."""
+    doc = payload.get("gpu_policies") if isinstance(payload, Mapping) else None
+    if not isinstance(doc, Mapping) or doc.get("gpu_policy_action", "set") != "set":
+        return ()
+    out = []
+    for entry in doc.get("gpu_policies") or []:
+        gpu = entry.get("gpu_id") if isinstance(entry, Mapping) else None
+        out.append(GPUPolicyResult(gpu if isinstance(gpu, int) else -1, False, None,
+                                   "GPU %s: not set: the redfish backend caps the node only; "
+                                   "GPU caps need the nvml backend" % gpu))
+    return tuple(out)
