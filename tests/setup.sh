@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 python3 -c 'import ensurepip, venv' 2>/dev/null || need_apt+=(python3-venv)
+# IPMI tests: real BMC simulators (ipmi_sim), ipmitool, and what builds the
+# simulators' DCMI extension (tests/emulators/ipmi_sim_dcmi.c).
+command -v ipmi_sim >/dev/null || need_apt+=(openipmi)
+command -v ipmitool >/dev/null || need_apt+=(ipmitool)
+command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
+[ -f /usr/include/OpenIPMI/mcserv.h ] || need_apt+=(libopenipmi-dev)
 if [ "${#need_apt[@]}" -gt 0 ]; then
     apt-get update -q
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
