@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from pbs_power.config_check import (
-    ConfigProblem, backend_defaults, check_document, format_path, hostlist_options, parse_hostlist,
-    problem, sort_problems,
+    ConfigProblem, backend_defaults, backend_type_message, check_document, describe, did_you_mean,
+    format_path, hostlist_options, parse_hostlist, problem, sort_problems,
 )
 
 MODE_POWER_ON_OFF = "power_on_off"
@@ -248,6 +248,10 @@ def _build(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) ->
             doc["node_power_overrides"], values.get("node_power"), base_ok, bad, problems)
     if isinstance(ok.get("job_policies"), dict):
         values["job_policies"] = JobPolicies(**ok["job_policies"])
+    devices = doc.get("job_policies", {}).get("device_options") \
+        if isinstance(doc.get("job_policies"), dict) else None
+    if isinstance(devices, dict):
+        _device_options(devices, bad, problems)
     if isinstance(doc.get("power_backend"), dict) and not bad("power_backend", "type"):
         values["power_backend"] = _backend(doc["power_backend"], bad, problems)
     _check_relations(doc, bad, problems)
@@ -310,23 +314,97 @@ def _overrides(items: List[Any], node_power: Optional[NodePower], base_ok: bool,
     return tuple(out)
 
 
-def _backend(spec: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) -> BackendConfig:
-    """BackendConfig from ``power_backend``: every key but ``type`` is an option."""
+def _backend(spec: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem],
+             parts: Tuple[Any, ...] = ("power_backend",)) -> BackendConfig:
+    """BackendConfig from a backend spec at ``parts``: every key but ``type`` is an option."""
     kind = spec.get("type", BackendConfig.type)
+    if kind == "groups":
+        return BackendConfig(type=kind, options={
+            "groups": _backend_groups(spec, bad, problems, parts)})
     options = {k: v for k, v in spec.items() if k != "type"}
     for name in hostlist_options(kind):
-        if isinstance(options.get(name), (str, list)) and not bad("power_backend", name):
-            nodes = parse_hostlist(options[name], ("power_backend", name), problems)
+        if isinstance(options.get(name), (str, list)) and not bad(*parts, name):
+            nodes = parse_hostlist(options[name], parts + (name,), problems)
             options[name] = str(nodes) if nodes is not None else options[name]
-    if kind == "simulated" and not bad("power_backend"):
+    if kind == "simulated" and not bad(*parts):
         effective = dict(backend_defaults(kind), **options)
         if effective["boot_jitter_seconds"] > effective["boot_seconds"]:
-            problems.append(ConfigProblem("power_backend.boot_jitter_seconds", (
-                "power_backend.boot_jitter_seconds (%g) must not exceed "
-                "power_backend.boot_seconds (%g%s)" % (
-                    effective["boot_jitter_seconds"], effective["boot_seconds"],
-                    "" if "boot_seconds" in options else ", the default"))))
+            jitter = format_path(parts + ("boot_jitter_seconds",))
+            problems.append(ConfigProblem(jitter, "%s (%g) must not exceed %s (%g%s)" % (
+                jitter, effective["boot_jitter_seconds"], format_path(parts + ("boot_seconds",)),
+                effective["boot_seconds"], "" if "boot_seconds" in options else ", the default")))
     return BackendConfig(type=kind, options=options)
+
+
+def _backend_groups(spec: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem],
+                    parts: Tuple[Any, ...]) -> List[Dict[str, Any]]:
+    """The node groups of a ``groups`` backend: hostlists normalized, overlaps refused."""
+    from ClusterShell.NodeSet import NodeSet
+    owner: Dict[str, int] = {}
+    out = []
+    items = spec.get("groups") if isinstance(spec.get("groups"), list) else []
+    for i, item in enumerate(items):
+        where = parts + ("groups", i)
+        if not isinstance(item, dict):
+            continue
+        nodes = None
+        if isinstance(item.get("nodes"), (str, list)) and not bad(*where, "nodes"):
+            nodes = parse_hostlist(item["nodes"], where + ("nodes",), problems)
+        if nodes is not None and not nodes:
+            problems.append(problem(where + ("nodes",), "%s must name at least one node"
+                                    % format_path(where + ("nodes",))))
+            nodes = None
+        if nodes is not None:
+            clash = [h for h in nodes if h in owner]
+            if clash:
+                problems.append(problem(where + ("nodes",), (
+                    "%s names %s, already in %s: a node may be in one group only" % (
+                        format_path(where + ("nodes",)), NodeSet.fromlist(clash),
+                        format_path(parts + ("groups", owner[clash[0]], "nodes"))))))
+            owner.update((h, i) for h in nodes if h not in owner)
+        sub = _group_backend(item.get("backend"), bad, problems, where + ("backend",))
+        if nodes is not None and sub is not None:
+            out.append({"nodes": str(nodes), "backend": dict(sub.options, type=sub.type)})
+    return out
+
+
+def _group_backend(spec: Any, bad: _Flagged, problems: List[ConfigProblem],
+                   parts: Tuple[Any, ...]) -> Optional[BackendConfig]:
+    """A node group's backend: its type is required and cannot be ``groups``."""
+    if not isinstance(spec, dict) or bad(*parts, "type"):
+        return None
+    if "type" not in spec:
+        problems.append(problem(parts, "%s needs the key 'type'" % format_path(parts)))
+        return None
+    if spec["type"] == "groups":
+        problems.append(problem(parts + ("type",), backend_type_message(
+            "groups", format_path(parts + ("type",)), nested=True)))
+        return None
+    return _backend(spec, bad, problems, parts)
+
+
+def _device_options(options: Dict[str, Any], bad: _Flagged,
+                    problems: List[ConfigProblem]) -> None:
+    """Each device options key names a device backend type, or an instance with a type."""
+    from pbs_power.devices import DEVICE_BACKENDS
+    parts = ("job_policies", "device_options")
+    for key, entry in options.items():
+        if key in ("max_workers", "timeout_seconds") or not isinstance(entry, dict) \
+                or bad(*parts, key, "type"):
+            continue
+        kind = entry.get("type", key)
+        where = parts + ((key, "type") if "type" in entry else (key,))
+        if key in DEVICE_BACKENDS and kind != key:
+            problems.append(problem(where, "%s must be %r: the key %r is a backend type (use "
+                                    "another key to name an instance)" % (
+                                        format_path(where), key, key)))
+        elif kind not in DEVICE_BACKENDS:
+            what = "%s %s" % (format_path(where), describe(kind)) if "type" in entry else \
+                "%s: %r" % (format_path(where), key)
+            problems.append(problem(where, "%s is not a device backend type%s (known: %s; an "
+                                    "instance needs a 'type')" % (
+                                        what, did_you_mean(kind, list(DEVICE_BACKENDS)),
+                                        ", ".join(sorted(DEVICE_BACKENDS)))))
 
 
 def _check_relations(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) -> None:
@@ -379,7 +457,7 @@ def config_to_dict(config: HookConfig) -> Dict[str, Any]:
         elif name == "node_power_overrides":
             value = [dict(nodes=expr, **asdict(power)) for expr, power in value]
         elif name == "power_backend":
-            value = dict(type=value.type, **dict(backend_defaults(value.type), **value.options))
+            value = _backend_dict(value.type, value.options)
         elif name == "python_path":
             value = list(value)
         elif name == "job_policies":
@@ -387,3 +465,13 @@ def config_to_dict(config: HookConfig) -> Dict[str, Any]:
                      for k, v in asdict(value).items()}
         out[name] = value
     return out
+
+
+def _backend_dict(kind: str, options: Mapping[str, Any]) -> Dict[str, Any]:
+    """A backend as the config writes it, defaults filled in (node groups' too)."""
+    if kind == "groups":
+        return {"type": kind, "groups": [
+            {"nodes": g["nodes"], "backend": _backend_dict(
+                g["backend"]["type"], {k: v for k, v in g["backend"].items() if k != "type"})}
+            for g in options.get("groups", ())]}
+    return dict(type=kind, **dict(backend_defaults(kind), **options))

@@ -22,7 +22,9 @@ SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas"
 #: Backend types that are planned but not in this version: naming one gets a
 #: "not available" error rather than "unknown". Remove a type from here when
 #: its ``<type>_backend`` definition and enum entry land in the schema.
-FUTURE_BACKENDS = ("redfish", "ipmi", "command", "nvml")
+FUTURE_BACKENDS = ("ipmi",)
+#: Device backends that are not power backends (they cap GPUs, they do not power hosts).
+DEVICE_ONLY_BACKENDS = ("nvml",)
 
 #: A hostlist naming more hosts than this is taken for a typo (n[1-100000000]),
 #: and refused before ClusterShell expands it (which would take minutes).
@@ -241,10 +243,10 @@ def _explain(err: Any, parts: Parts) -> List[ConfigProblem]:
         text = "%s must be greater than %s, got %s" % (name, want, describe(got))
     elif kind == "minimum":
         text = "%s must be %s or more, got %s" % (name, want, describe(got))
-    elif kind == "minLength":
+    elif kind in ("minLength", "minItems"):
         text = "%s must not be empty" % name
-    elif kind == "enum" and parts == ("power_backend", "type"):
-        text = backend_type_message(got)
+    elif kind == "enum" and parts[:1] == ("power_backend",) and parts[-1:] == ("type",):
+        text = backend_type_message(got, name, nested=len(parts) > 2)
     elif kind == "enum":
         text = "%s must be one of %s, got %s%s" % (
             name, ", ".join(repr(w) for w in want), describe(got), did_you_mean(got, want))
@@ -265,15 +267,27 @@ def unknown_key_message(key: str, parent: Parts, known: Sequence[str]) -> str:
     return "unknown key %r%s%s" % (key, where, hint)
 
 
-def backend_type_message(value: Any) -> str:
-    """Why ``power_backend.type`` cannot be used, naming the available types."""
-    available = ", ".join(available_backends())
+def backend_type_message(value: Any, name: str = "power_backend.type",
+                         nested: bool = False) -> str:
+    """Why a power backend type cannot be used, naming the available types.
+
+    ``nested``: the type of a node group's backend, where ``groups`` cannot be named.
+    """
+    types = tuple(t for t in available_backends() if not (nested and t == "groups"))
+    available = ", ".join(types)
+    if nested and value == "groups":
+        return "%s cannot be 'groups': node groups do not nest (available: %s)" % (
+            name, available)
     if isinstance(value, str) and value in FUTURE_BACKENDS:
-        return ("power_backend.type %r is not available in this version (available: %s)"
-                % (value, available))
-    hint = did_you_mean(value, available_backends() + FUTURE_BACKENDS)
-    return ("power_backend.type %s is not a known backend type%s (available: %s)"
-            % (describe(value), hint, available))
+        return ("%s %r is not available in this version (available: %s)"
+                % (name, value, available))
+    if isinstance(value, str) and value in DEVICE_ONLY_BACKENDS:
+        return ("%s %r names a device backend (power caps), not a power backend: configure "
+                "it in job_policies.device_options (available here: %s)"
+                % (name, value, available))
+    hint = did_you_mean(value, types + FUTURE_BACKENDS)
+    return ("%s %s is not a known backend type%s (available: %s)"
+            % (name, describe(value), hint, available))
 
 
 def check_document(data: Any) -> Tuple[Dict[str, Any], List[ConfigProblem]]:

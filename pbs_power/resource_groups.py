@@ -62,9 +62,8 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
     def controller(self):
         if self._controller is None:
             from .devices.controller import DeviceController
-            from .devices.simulated_devices import SimulatedDevices
-            backends = {"simulated": SimulatedDevices.from_options(
-                self.device_options.get("simulated", {}))}
+            from .devices.selection import build_device_backends
+            backends = build_device_backends(self.device_options)
             self._controller = DeviceController(
                 backends, state=self.store,
                 max_workers=int(self.device_options.get("max_workers", 256)),

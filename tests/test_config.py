@@ -390,12 +390,12 @@ BAD = [
      "max_ramp_watts_per_minute needs node watts: set node_power "
      "(a topology file will also provide them later)"),
     # backend
-    ("backend-not-yet", {"power_backend": {"type": "redfish"}}, "power_backend.type",
-     "power_backend.type 'redfish' is not available in this version (available: simulated)"),
-    ("backend-ipmi", {"power_backend": {"type": "ipmi"}}, "power_backend.type",
-     "power_backend.type 'ipmi' is not available in this version"),
+    ("backend-redfish", {"power_backend": {"type": "redfish"}}, "power_backend",
+     "power_backend needs the key 'credentials_file'"),
+    ("backend-ipmi", {"power_backend": {"type": "ipmi"}}, "power_backend",
+     "power_backend needs the key 'credentials_file'"),
     ("backend-unknown", {"power_backend": {"type": "bmc"}}, "power_backend.type",
-     "power_backend.type 'bmc' is not a known backend type (available: simulated)"),
+     "power_backend.type 'bmc' is not a known backend type (available: simulated"),
     ("backend-misspelt", {"power_backend": {"type": "simulate"}}, "power_backend.type",
      "(did you mean 'simulated'?)"),
     ("backend-option-unknown", {"power_backend": {"boot_secs": 1}}, "power_backend.boot_secs",

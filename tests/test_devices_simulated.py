@@ -50,8 +50,8 @@ def test_factory_builds_simulated_backend(make, tmp_path):
 
 def test_factory_rejects_unknown_type(tmp_path):
     with pytest.raises(BackendError,
-                       match="power backend 'redfish' is not available in this version"):
-        get_backend(BackendConfig("redfish"), str(tmp_path))
+                       match="power backend 'capmc' is not available in this version"):
+        get_backend(BackendConfig("capmc"), str(tmp_path))
 
 
 def test_unseen_hosts_are_on_forever(make):

@@ -347,7 +347,10 @@ class SimulatedDevices(DeviceBackend):
                            % self.failure_rate, device_state_json=state.to_json())
         if request.kind == "ping":
             return DeviceResponse(request.device, request.request_id, True,
-                                  device_state_json=state.to_json(), ping_time=time.time())
+                                  device_state_json=state.to_json(), ping_time=time.time(),
+                                  power_cap_watts=state.node_cap_watts,
+                                  gpu_results=tuple(GPUPolicyResult(i, True, w) for i, w
+                                                    in sorted(state.gpu_caps.items())))
         return self._apply(request, model, state)
 
     def _apply(self, request: DeviceRequest, model: DeviceModel,
