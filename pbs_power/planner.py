@@ -19,7 +19,8 @@ those it held back and why. The rules, in the words an admin would use:
   unless work needs it before it could otherwise be up.
 * ``min_idle_nodes`` spare hosts are kept awake (waking some if needed).
 * At most ``max_concurrent_nodes`` hosts are in transition at once, counting
-  those still in flight from earlier cycles; with
+  those still in flight from earlier cycles (a host its backend reports on
+  and that only waits for the scheduler to see it holds no slot); with
   ``max_ramp_watts_per_minute`` the watts switched within any minute stay
   under that limit. Bringing hosts up goes before taking hosts down.
 """
@@ -27,11 +28,13 @@ from __future__ import annotations
 
 import time as _time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from .config import MODE_DISABLED, MODE_RAMP_RATE, HookConfig
-from .model import (Action, Deferral, Plan, Snapshot, TransitionKind, Vnode,
-                    hosts_of)
+from .model import (FREE, SLEEP, Action, Deferral, Phase, Plan, Snapshot,
+                    TransitionKind, Vnode, hosts_of)
+
+_FREE_ONLY = frozenset({FREE})
 
 #: Seconds over which ``max_ramp_watts_per_minute`` is measured.
 RAMP_WINDOW = 60.0
@@ -55,6 +58,13 @@ class _Host:
     def __init__(self, name: str, vnodes: Tuple[Vnode, ...]):
         self.name = name
         self.vnodes = vnodes
+        if len(vnodes) == 1:                  # the common case, kept cheap
+            v = vnodes[0]
+            self.asleep = SLEEP in v.states
+            self.idle = v.states == _FREE_ONLY and not v.jobs
+            self.eligible = v.poweroff_eligible
+            self.in_reservation = bool(v.resvs)
+            return
         self.asleep = any(v.asleep for v in vnodes)
         self.idle = all(v.idle for v in vnodes)
         self.eligible = all(v.poweroff_eligible for v in vnodes)
@@ -82,7 +92,7 @@ def plan(snapshot: Snapshot, config: HookConfig, now: float) -> Plan:
     wakes, deferred = ctx.wanted_wakes()
     downs, notes = ctx.wanted_downs()
     actions, limited = ctx.apply_limits(wakes, downs)
-    return Plan(actions=tuple(actions), deferred=tuple(deferred + limited),
+    return Plan(actions=tuple(actions), deferred=tuple(deferred + limited + ctx.held),
                 notes=tuple(notes))
 
 
@@ -99,6 +109,10 @@ class _Context:
                         else TransitionKind.POWER_ON)
         self.down_kind = self.up_kind.reverse
         self.needs = self._needs()
+        # A host its backend already reports on (BOOTING: waiting for the
+        # scheduler to see it) no longer draws a power step; it holds no slot.
+        self.busy = sum(1 for t in snapshot.transitions if t.phase is not Phase.BOOTING)
+        self.held: List[Deferral] = []
 
     # -- estimates ---------------------------------------------------------
     def lead_time(self, host: str, kind: TransitionKind) -> float:
@@ -222,41 +236,52 @@ class _Context:
         notes: List[str] = []
         if self.cfg.mode == MODE_DISABLED:
             return [], ["power management disabled: no host is taken down"]
-        candidates: List[Tuple[float, str, str]] = []
+        candidates: List[Tuple[float, str, float]] = []
         for name, host in self.hosts.items():
             why = self._down_reason(name, host)
             if why is None:
                 continue
-            if why.startswith("?"):
-                notes.append("%s: %s" % (name, why[1:]))
+            if isinstance(why, str):
+                notes.append("%s: %s" % (name, why))
                 continue
-            candidates.append((host.idle_since() or 0.0, name, why))
+            candidates.append((self.now - why, name, why))
         candidates.sort()
         spare = set(self._spare_awake())
         may_go = len(spare) - self.cfg.min_idle_nodes
         downs: List[Action] = []
         kept = 0
-        for _since, name, why in candidates:
+        # Without a ramp limit no more downs than free slots can start: the
+        # rest are held here, without building an Action for each.
+        room = (None if self.cfg.max_ramp_watts_per_minute is not None
+                else max(0, self.cfg.max_concurrent_nodes - self.busy))
+        held = ("max_concurrent_nodes=%d hosts already in transition"
+                % self.cfg.max_concurrent_nodes)
+        for _since, name, idle_for in candidates:
             if name in spare:
                 if may_go <= 0:
                     kept += 1
                     continue
                 may_go -= 1
-            downs.append(Action(name, self.down_kind, why))
+            if room is not None and len(downs) >= room:
+                self.held.append(Deferral(name, self.down_kind, held))
+                continue
+            downs.append(Action(name, self.down_kind, "idle for %ds (node_idle_limit %ds)"
+                                % (idle_for, self.cfg.node_idle_limit)))
         if kept:
             notes.append("keeping %d idle hosts up for min_idle_nodes=%d"
                          % (kept, self.cfg.min_idle_nodes))
         return downs, notes
 
-    def _down_reason(self, name: str, host: _Host) -> Optional[str]:
-        """Why ``host`` may go down now; None if it may not ('?...' = a note)."""
+    def _down_reason(self, name: str, host: _Host) -> Union[None, str, float]:
+        """Seconds ``host`` has been idle if it may go down now; None if it may
+        not; a string when that is worth a note."""
         if (name in self.in_flight or host.asleep or not host.idle
                 or not host.eligible or name in self.cfg.excluded_hosts
                 or host.in_reservation):
             return None
         since = host.idle_since()
         if since is None:
-            return "?no last_used_time or last_state_change_time; not powered down"
+            return "no last_used_time or last_state_change_time; not powered down"
         idle_for = self.now - since
         if idle_for < self.cfg.node_idle_limit:
             return None
@@ -268,27 +293,27 @@ class _Context:
                        + self.lead_time(name, self.up_kind))
             if need.at <= back_by:
                 return None
-        return "idle for %ds (node_idle_limit %ds)" % (idle_for, self.cfg.node_idle_limit)
+        return idle_for
 
     # -- limits ------------------------------------------------------------
     def apply_limits(self, wakes: List[Action], downs: List[Action]
                      ) -> Tuple[List[Action], List[Deferral]]:
         """Enforce ``max_concurrent_nodes`` and the ramp limit, ups first."""
-        slots = self.cfg.max_concurrent_nodes - len(self.in_flight)
+        slots = self.cfg.max_concurrent_nodes - self.busy
         ramp = _RampBudget.start(self.snap, self.cfg, self.now)
         chosen: List[Action] = []
         held: List[Deferral] = []
+        no_slot = ("max_concurrent_nodes=%d hosts already in transition"
+                   % self.cfg.max_concurrent_nodes)
+        no_ramp = ("max_ramp_watts_per_minute=%g would be exceeded"
+                   % (self.cfg.max_ramp_watts_per_minute or 0))
         for action in wakes + downs:
-            watts = self._step_watts(action)
             if slots <= 0:
-                held.append(Deferral(action.host, action.kind,
-                                     "max_concurrent_nodes=%d hosts already in transition"
-                                     % self.cfg.max_concurrent_nodes))
+                held.append(Deferral(action.host, action.kind, no_slot))
                 continue
+            watts = self._step_watts(action)
             if not ramp.take(watts):
-                held.append(Deferral(action.host, action.kind,
-                                     "max_ramp_watts_per_minute=%g would be exceeded"
-                                     % self.cfg.max_ramp_watts_per_minute))
+                held.append(Deferral(action.host, action.kind, no_ramp))
                 continue
             slots -= 1
             chosen.append(Action(action.host, action.kind, action.reason,

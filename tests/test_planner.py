@@ -178,6 +178,14 @@ def test_max_concurrent_nodes_counts_transitions_still_in_flight():
     assert len(p.actions) == 2 and len(p.deferred) == 2
 
 
+def test_hosts_already_on_and_waiting_for_the_scheduler_hold_no_slot():
+    booting = tuple(Transition("f%d" % i, K.POWER_ON, Phase.BOOTING, NOW - 100, NOW - 50)
+                    for i in range(3))
+    vnodes = tuple(idle("n%d" % i) for i in range(4))
+    p = plan(Snapshot(vnodes, transitions=booting), cfg(max_concurrent_nodes=5), NOW)
+    assert len(p.actions) == 4 and p.deferred == ()
+
+
 def test_hosts_in_flight_are_not_planned_again():
     t = Transition("n1", K.POWER_OFF, Phase.DRAINING, NOW - 300, NOW - 300)
     p = plan(Snapshot((asleep("n1"),), queued_jobs=(job("1.s", NOW, "n1"),), transitions=(t,)),
