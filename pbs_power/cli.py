@@ -15,15 +15,20 @@ from typing import List, Optional, Sequence
 SUBCOMMANDS: List[str] = [
     "pbs_power.cli_config",
     "pbs_power.cli_demo",
+    "pbs_power.cli_simulate",
     "pbs_power.cli_topology",
     "pbs_power.cli_rg",
     "pbs_power.cli_pbs",
+    "pbs_power.cli_devices",
+    "pbs_power.cli_node",
 ]
 
 DESCRIPTION = (
     "Power management for HPC batch clusters, run from PBS Pro/OpenPBS and Slurm hooks.\n"
     "The hooks do the periodic work; this command checks their config, installs them,\n"
-    "manages the topology, policies and per-job resource groups, and runs the demo."
+    "manages the topology, policies and per-job resource groups, checks that every\n"
+    "node's power and device backends answer, runs the GPU agent on a node, runs the\n"
+    "demo, and replays real workload traces to compare power managers (simulate)."
 )
 
 

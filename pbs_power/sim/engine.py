@@ -1,0 +1,505 @@
+"""A discrete-event SIMULATED batch cluster: FCFS + EASY backfilling, node power, energy.
+
+The engine replays jobs (submit time, nodes, run time, requested walltime)
+on ``len(nodes)`` nodes and asks a power `Manager` (see ``managers.py``)
+what to do with idle nodes. Two scheduler flavours, as in the real systems:
+
+* ``pbs``: jobs start only on nodes that are up and not marked asleep; the
+  calendar counts sleeping nodes as available now (PBS puts them in the top
+  job's exec_vnode and leaves waking them to the power hook).
+* ``slurm``: a job may be allocated powered-down nodes; allocating one
+  resumes it, and the job starts once all its nodes are up.
+
+EASY backfilling uses requested walltimes: the first job that cannot start
+gets a reservation (shadow time and spare nodes from the walltimes of the
+running jobs), later jobs start only if they do not delay it. Energy is
+integrated exactly between events from the node counts per state.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .nodes import (BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node, NodeModel,
+                    watts_by_state)
+from .workload import SimJob
+
+INF = float("inf")
+END, BOOT_DONE, DOWN_DONE, CYCLE, TIMER = range(5)
+
+
+class Engine:
+    """One replay of ``jobs`` on ``nodes`` under one power manager."""
+
+    def __init__(self, jobs: Sequence[SimJob], nodes: List[Node], model: NodeModel,
+                 manager, sample_every: float = 300.0, seed: int = 1):
+        self.nodes = nodes
+        self.model = model
+        self.manager = manager
+        self.slurm = manager.scheduler == "slurm"
+        self.sleep_mode = bool(getattr(manager, "sleep_mode", False))
+        self.watts = watts_by_state(model, self.sleep_mode)
+        self.count = [0] * 6
+        self.count[IDLE] = len(nodes)
+        self.failed = 0
+        self._jobs(jobs)
+        self.queue: List[int] = []
+        self.ends: List[Tuple[float, int]] = []      # (expected end, job), sorted
+        self._pool: List[int] = list(range(len(nodes)))   # heap of usable idle nodes
+        self._in_pool = [True] * len(nodes)
+        self.pool_size = len(nodes)
+        self._down: List[int] = []                    # heap of powered-down nodes (slurm)
+        self._in_down = [False] * len(nodes)
+        self.down_free = 0
+        self._events: List[tuple] = []
+        self._seq = 0
+        self.now = 0.0
+        self.energy_j = 0.0
+        self._last_t: Optional[float] = None
+        self.samples: List[Tuple[float, float, int, int, int]] = []
+        self._sample_every = float(sample_every)
+        self._next_sample = 0.0
+        self.ramp_up: Dict[int, float] = {}
+        self.ramp_down: Dict[int, float] = {}
+        self._rng_state = seed
+        self._dirty = True
+        self._new: List[int] = []
+        self._shadow: Tuple[float, int] = (INF, 0)
+        self.done = 0
+
+    def _jobs(self, jobs: Sequence[SimJob]) -> None:
+        order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)
+        self.job_ids = [jobs[i].id for i in order]
+        self.submit = [float(jobs[i].submit) for i in order]
+        self.width = [min(int(jobs[i].nodes), len(self.nodes)) for i in order]
+        self.runtime = [float(jobs[i].runtime) for i in order]
+        self.wall = [max(float(jobs[i].walltime), float(jobs[i].runtime)) for i in order]
+        self.start: List[Optional[float]] = [None] * len(order)
+        self.alloc: List[Tuple[int, ...]] = [()] * len(order)
+        self.power_since: List[Optional[float]] = [None] * len(order)
+        self.power_wait = [0.0] * len(order)
+        self._waiting: Dict[int, int] = {}          # job -> nodes still booting (slurm)
+        self._provisional: Dict[int, Tuple[float, int]] = {}   # its guessed end
+
+    # -- the clock -----------------------------------------------------------
+    def run(self, progress: Optional[Callable[[float], None]] = None) -> "Engine":
+        """Replay every job; returns self with energy, samples and job starts filled.
+
+        ``progress(fraction_done)`` is called now and then when given.
+        """
+        self.manager.attach(self)
+        submit, total, ptr = self.submit, len(self.submit), 0
+        events = self._events
+        loops = 0
+        while self.done < total:
+            loops += 1
+            if progress is not None and not loops & 0x3FFF:
+                progress(self.done / total)
+            t_ev = events[0][0] if events else INF
+            t_sub = submit[ptr] if ptr < total else INF
+            t = t_ev if t_ev < t_sub else t_sub
+            if t == INF:
+                raise RuntimeError("simulation stalled with %d jobs unfinished "
+                                   "(%d queued)" % (total - self.done, len(self.queue)))
+            self._advance(t)
+            while ptr < total and submit[ptr] <= t:
+                self.queue.append(ptr)
+                self._new.append(ptr)
+                ptr += 1
+            cycles = []
+            while events and events[0][0] <= t:
+                _, _, kind, arg = heapq.heappop(events)
+                if kind == END:
+                    self._end_job(arg, t)
+                elif kind == BOOT_DONE:
+                    self._boot_done(arg, t)
+                elif kind == DOWN_DONE:
+                    self._down_done(arg, t)
+                else:
+                    cycles.append((kind, arg))
+            self._schedule(t)
+            for kind, arg in cycles:
+                if kind == CYCLE:
+                    self.manager.on_cycle(t)
+                    self.push(t + arg, CYCLE, arg)
+                else:
+                    self.manager.on_timer(t, arg)
+            if cycles:
+                self._schedule(t)
+        return self
+
+    def push(self, at: float, kind: int, arg=None) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (at, self._seq, kind, arg))
+
+    def every(self, seconds: float, first: float = 0.0) -> None:
+        """Call ``manager.on_cycle`` every ``seconds`` from ``first``."""
+        self.push(first, CYCLE, float(seconds))
+
+    def timer(self, at: float, arg) -> None:
+        """Call ``manager.on_timer(at, arg)`` at ``at``."""
+        self.push(at, TIMER, arg)
+
+    def _advance(self, t: float) -> None:
+        if self._last_t is None:
+            self._last_t = self._next_sample = t
+        if t <= self._last_t:
+            return
+        while self._next_sample <= t:
+            self._sample(self._next_sample)
+            self._next_sample += self._sample_every
+        self.energy_j += self.power() * (t - self._last_t)
+        self._last_t = self.now = t
+
+    def power(self) -> float:
+        """Cluster watts now."""
+        c, w = self.count, self.watts
+        return c[0] * w[0] + c[1] * w[1] + c[2] * w[2] + c[3] * w[3] + c[4] * w[4] + c[5] * w[5]
+
+    def _sample(self, t: float) -> None:
+        c = self.count
+        self.samples.append((t, self.power(), c[IDLE] + c[BUSY] + c[HELD], c[DOWN],
+                             c[BOOTING] + c[SHUTTING]))
+
+    def _set(self, node: Node, state: int) -> None:
+        self.count[node.state] -= 1
+        self.count[state] += 1
+        node.state = state
+
+    # -- jobs ----------------------------------------------------------------
+    def _end_job(self, j: int, t: float) -> None:
+        self.done += 1
+        i = bisect.bisect_left(self.ends, (self.start[j] + self.wall[j], j))
+        if i < len(self.ends) and self.ends[i][1] == j:
+            del self.ends[i]
+        freed = []
+        for idx in self.alloc[j]:
+            node = self.nodes[idx]
+            node.job = None
+            self._set(node, IDLE)
+            node.idle_since = node.changed = t
+            self._to_pool(node)
+            freed.append(node)
+        self._dirty = True
+        self.manager.on_idle(freed, t)
+
+    def _to_pool(self, node: Node) -> None:
+        if not node.marked and not self._in_pool[node.idx]:
+            self._in_pool[node.idx] = True
+            self.pool_size += 1
+            heapq.heappush(self._pool, node.idx)
+
+    def _from_pool(self, node: Node) -> None:
+        if self._in_pool[node.idx]:
+            self._in_pool[node.idx] = False
+            self.pool_size -= 1
+
+    def _take(self, heap: List[int], flags: List[bool]) -> Node:
+        while True:
+            idx = heapq.heappop(heap)
+            if flags[idx]:
+                flags[idx] = False
+                return self.nodes[idx]
+
+    def _allocate(self, j: int, t: float) -> None:
+        need = self.width[j]
+        got, booting = [], []
+        while len(got) < need and self.pool_size:
+            self.pool_size -= 1
+            got.append(self._take(self._pool, self._in_pool))
+        while len(got) < need:
+            self.down_free -= 1
+            node = self._take(self._down, self._in_down)
+            got.append(node)
+            booting.append(node)
+        self.alloc[j] = tuple(n.idx for n in got)
+        for node in got:
+            node.job = j
+        if not booting:
+            self._run_job(j, t)
+            return
+        for node in got:
+            if node.state == IDLE:
+                self._set(node, HELD)
+        self._waiting[j] = len(booting)
+        if self.power_since[j] is None:
+            self.power_since[j] = t
+        key = (t + self.model.boot_seconds * 2 + self.wall[j], j)
+        self._provisional[j] = key
+        bisect.insort(self.ends, key)
+        self.manager.on_allocated_down(booting, t)
+
+    def _run_job(self, j: int, t: float) -> None:
+        self.start[j] = t
+        if self.power_since[j] is not None:
+            self.power_wait[j] = t - self.power_since[j]
+        for idx in self.alloc[j]:
+            node = self.nodes[idx]
+            self._set(node, BUSY)
+            node.changed = t
+        bisect.insort(self.ends, (t + self.wall[j], j))
+        self.push(t + self.runtime[j], END, j)
+
+    # -- node power ------------------------------------------------------------
+    def power_down(self, node: Node, t: float) -> bool:
+        """Start taking an idle, jobless node down; False if it is not idle."""
+        if node.state != IDLE or node.job is not None or node.failed:
+            return False
+        self._from_pool(node)
+        self._set(node, SHUTTING)
+        node.downs += 1
+        node.changed = t
+        low = self.watts[DOWN]
+        self._step(t, -(self.model.idle_watts - low))
+        secs = self.model.sleep_seconds if self.sleep_mode else self.model.shutdown_seconds
+        self.push(t + secs, DOWN_DONE, node.idx)
+        self._dirty = True
+        return True
+
+    def power_up(self, node: Node, t: float) -> bool:
+        """Start bringing a down node up (after its shutdown if one is running)."""
+        if node.state == SHUTTING:
+            node.pending_up = True
+            return True
+        if node.state != DOWN:
+            return False
+        if self._in_down[node.idx]:
+            self._in_down[node.idx] = False
+            self.down_free -= 1
+        self._set(node, BOOTING)
+        node.changed = t
+        self._step(t, self.model.idle_watts - self.watts[DOWN])
+        self.push(t + self.boot_duration(node), BOOT_DONE, node.idx)
+        return True
+
+    def boot_duration(self, node: Node) -> float:
+        """This boot's seconds: the node's own mean plus a little noise (seeded)."""
+        self._rng_state = (self._rng_state * 1103515245 + 12345) & 0x7FFFFFFF
+        noise = self.model.boot_noise * (2.0 * self._rng_state / 0x7FFFFFFF - 1.0)
+        base = node.boot_s
+        if self.sleep_mode:
+            base = self.model.wake_seconds * node.boot_s / self.model.boot_seconds
+        return max(1.0, base * (1.0 + noise))
+
+    def _down_done(self, idx: int, t: float) -> None:
+        node = self.nodes[idx]
+        self._set(node, DOWN)
+        node.down_since = t
+        if node.pending_up:
+            node.pending_up = False
+            self.power_up(node, t)
+            return
+        if self.slurm and not node.failed:
+            self._in_down[idx] = True
+            self.down_free += 1
+            heapq.heappush(self._down, idx)
+            self._dirty = True
+        self.manager.on_down(node, t)
+
+    def _boot_done(self, idx: int, t: float) -> None:
+        node = self.nodes[idx]
+        node.down_since = None
+        node.changed = t
+        j = node.job
+        if j is not None:                       # slurm: allocated while down
+            self._set(node, HELD)
+            self._waiting[j] -= 1
+            if not self._waiting[j]:
+                del self._waiting[j]
+                key = self._provisional.pop(j)
+                i = bisect.bisect_left(self.ends, key)
+                if i < len(self.ends) and self.ends[i] == key:
+                    del self.ends[i]
+                self._run_job(j, t)
+        else:
+            self._set(node, IDLE)
+            node.idle_since = t
+            self._to_pool(node)
+            self._dirty = True
+        self.manager.on_up(node, t)
+
+    def fail(self, node: Node, t: float) -> None:
+        """Take a node out of service for good (a boot that timed out)."""
+        if not node.failed:
+            node.failed = True
+            self.failed += 1
+            self._from_pool(node)
+            if self._in_down[node.idx]:
+                self._in_down[node.idx] = False
+                self.down_free -= 1
+
+    def mark(self, node: Node, asleep: bool) -> None:
+        """Set or clear the PBS sleep mark (a marked node takes no new job)."""
+        if node.marked == asleep:
+            return
+        node.marked = asleep
+        if asleep:
+            self._from_pool(node)
+        elif node.state == IDLE and node.job is None and not node.failed:
+            self._to_pool(node)
+            self._dirty = True
+
+    def _step(self, t: float, watts: float) -> None:
+        minute = int(t // 60)
+        book = self.ramp_up if watts > 0 else self.ramp_down
+        book[minute] = book.get(minute, 0.0) + abs(watts)
+
+    # -- scheduling --------------------------------------------------------------
+    def startable(self) -> int:
+        return self.pool_size + (self.down_free if self.slurm else 0)
+
+    def potential(self) -> int:
+        """Nodes the calendar may count on now (free, asleep or coming up)."""
+        if self.slurm:
+            return self.pool_size + self.down_free
+        c = self.count
+        return len(self.nodes) - c[BUSY] - c[HELD] - self.failed
+
+    def shadow(self, width: int, t: float) -> Tuple[float, int]:
+        """When ``width`` nodes are expected free (walltimes), and the spare then."""
+        have = self.potential()
+        if width <= have:
+            return t, have - width
+        for end, j in self.ends:
+            have += self.width[j]
+            if have >= width:
+                return max(end, t), have - width
+        return INF, 0
+
+    def _schedule(self, t: float) -> None:
+        if not self._dirty:
+            new, self._new = self._new, []
+            if new and self.startable():
+                self._backfill_new(new, t)
+            return
+        self._dirty = False
+        self._new = []
+        queue = self.queue
+        if not queue:
+            return
+        avail = self.startable()
+        shadow = extra = None
+        started = 0
+        for j in queue:
+            if avail <= 0 and shadow is not None:
+                break
+            width = self.width[j]
+            if shadow is None:
+                if width <= avail:
+                    self._allocate(j, t)
+                    avail -= width
+                    started += 1
+                    continue
+                shadow, extra = self.shadow(width, t)
+                if self.power_since[j] is None and width <= self.potential():
+                    self.power_since[j] = t           # only power keeps it waiting
+                continue
+            if width <= avail and (t + self.wall[j] <= shadow or width <= extra):
+                self._allocate(j, t)
+                avail -= width
+                started += 1
+                if t + self.wall[j] > shadow:
+                    extra -= width
+        self._shadow = (shadow if shadow is not None else INF, extra or 0)
+        if started:
+            start = self.start
+            alloc = self.alloc
+            self.queue = [j for j in queue if start[j] is None and not alloc[j]]
+
+    def _backfill_new(self, new: List[int], t: float) -> None:
+        """Only new jobs arrived since the last full pass: try them against it."""
+        shadow, extra = self._shadow
+        avail = self.startable()
+        started = False
+        for j in new:
+            width = self.width[j]
+            if shadow == INF:                       # no job waits: plain FCFS
+                if width <= avail:
+                    self._allocate(j, t)
+                    avail -= width
+                    started = True
+                    continue
+                self._dirty = True                  # it is the new top job
+                break
+            if width <= avail and (t + self.wall[j] <= shadow or width <= extra):
+                self._allocate(j, t)
+                avail -= width
+                started = True
+                if t + self.wall[j] > shadow:
+                    extra -= width
+        self._shadow = (shadow, extra)
+        if started:
+            start, alloc = self.start, self.alloc
+            self.queue = [j for j in self.queue if start[j] is None and not alloc[j]]
+        if self._dirty:
+            self._schedule(t)
+
+    # -- what the calendar tells a PBS power hook -----------------------------------
+    def estimates(self, t: float, limit: Optional[int] = None
+                  ) -> List[Tuple[int, float, List[Node]]]:
+        """Queued jobs' estimated start and nodes, as PBS's calendar shows them.
+
+        Jobs that fit now in the nodes that are free, asleep or coming up get
+        ``t`` and nodes from those (free first, then coming up, then asleep);
+        the first job that does not fit gets its shadow time, the nodes freed
+        by then plus all that are free or asleep now. Only the first
+        ``limit`` queued jobs are looked at when ``limit`` is given.
+        """
+        pool = self._calendar_pool()
+        out = []
+        pos = 0
+        top_done = False
+        for n, j in enumerate(self.queue):
+            if limit is not None and n >= limit:
+                break
+            width = self.width[j]
+            if not top_done and width <= len(pool) - pos:
+                out.append((j, t, pool[pos:pos + width]))
+                pos += width
+                continue
+            if top_done:
+                if width <= len(pool) - pos:
+                    out.append((j, t, pool[pos:pos + width]))
+                    pos += width
+                if pos >= len(pool):
+                    break
+                continue
+            top_done = True
+            have, freed = len(pool) - pos, []
+            for end, k in self.ends:
+                if have >= width:
+                    break
+                have += self.width[k]
+                freed.extend(self.nodes[i] for i in self.alloc[k])
+                at = end
+            if have >= width:
+                rest = width - len(freed)
+                out.append((j, max(at, t), freed[:width] + pool[pos:pos + max(0, rest)]))
+                pos += max(0, rest)
+        return out
+
+    def _calendar_pool(self) -> List[Node]:
+        free, coming, asleep = [], [], []
+        for node in self.nodes:
+            if node.failed or node.job is not None:
+                continue
+            s = node.state
+            if s == IDLE:
+                (asleep if node.marked else free).append(node)
+            elif s == BOOTING:
+                coming.append(node)
+            elif s in (DOWN, SHUTTING):
+                asleep.append(node)
+        return free + coming + asleep
+
+    # -- after the run -------------------------------------------------------------
+    def energy_kwh(self, until: Optional[float] = None) -> float:
+        """Energy used, extended at the final power level to ``until`` if later."""
+        joules = self.energy_j
+        if until is not None and self._last_t is not None and until > self._last_t:
+            joules += self.power() * (until - self._last_t)
+        return joules / 3.6e6
+
+    def node_cycles(self) -> int:
+        return sum(n.downs for n in self.nodes)

@@ -1,0 +1,293 @@
+"""The power managers the simulator compares, each as its system documents it.
+
+* ``always-on``: nothing is ever powered down (the baseline).
+* ``pbs-power``: our `Cycle` (reconcile, planner, backend, marks) run every
+  ``cycle`` seconds over the snapshot a PBS server would show, with an
+  in-memory store and a backend that drives the simulated nodes.
+* ``slurm``: Slurm's power save as its slurm.conf documentation describes it:
+  a node idle for SuspendTime is suspended, at most SuspendRate per minute;
+  a powered-down node is resumed only when a job is allocated to it, at most
+  ResumeRate per minute; SuspendExcNodes are never suspended.
+* ``openpbs``: OpenPBS's PBS_power periodic hook as documented: every run it
+  powers off nodes idle longer than node_idle_limit and wakes the sleeping
+  nodes of the first 100 queued jobs that start within a fixed 900 s boot
+  assumption, at most max_concurrent_nodes nodes per run.
+
+The baselines are written from those descriptions, not from their code.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Deque, Dict, List, Optional, Sequence
+
+from ..config import MODE_RAMP_RATE, HookConfig
+from ..cycle import Cycle
+from ..devices.base import HostPower, PowerBackend, Result
+from ..model import PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
+from .memstore import MemoryStore
+from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
+
+MANAGERS = ("always-on", "pbs-power", "slurm", "openpbs")
+#: OpenPBS PBS_power: queued jobs analysed per run, and its fixed boot assumption.
+OPENPBS_JOBS = 100
+OPENPBS_BOOT = 900.0
+#: slurm.conf defaults (nodes per minute) for SuspendRate and ResumeRate.
+SLURM_SUSPEND_RATE = 60
+SLURM_RESUME_RATE = 300
+
+
+class Manager:
+    """Does nothing; the hooks every manager may override."""
+
+    name = "always-on"
+    scheduler = "pbs"
+    sleep_mode = False
+
+    def attach(self, engine) -> None:
+        self.engine = engine
+
+    def on_cycle(self, now: float) -> None:
+        """A periodic run (only for managers that asked ``engine.every``)."""
+
+    def on_timer(self, now: float, arg) -> None:
+        """A timer the manager set."""
+
+    def on_idle(self, nodes: List[Node], now: float) -> None:
+        """Nodes just became idle (their job ended)."""
+
+    def on_allocated_down(self, nodes: List[Node], now: float) -> None:
+        """Slurm only: powered-down nodes were allocated to a job."""
+
+    def on_down(self, node: Node, now: float) -> None:
+        """A node finished going down."""
+
+    def on_up(self, node: Node, now: float) -> None:
+        """A node finished coming up."""
+
+
+class AlwaysOn(Manager):
+    name = "always-on"
+
+
+class _RateLimit:
+    """At most ``per_minute`` events in any 60 s (0: unlimited), oldest first."""
+
+    def __init__(self, per_minute: int):
+        self.per_minute = int(per_minute)
+        self.times: Deque[float] = deque()
+
+    def room(self, now: float) -> int:
+        if self.per_minute <= 0:
+            return 1 << 30
+        while self.times and self.times[0] <= now - 60.0:
+            self.times.popleft()
+        return self.per_minute - len(self.times)
+
+    def take(self, now: float) -> None:
+        if self.per_minute > 0:
+            self.times.append(now)
+
+    def next_room(self) -> float:
+        return self.times[0] + 60.0
+
+
+class SlurmPowerSave(Manager):
+    """Slurm's power save: SuspendTime = node_idle_limit, SuspendExcNodes =
+    exclude_nodes, SuspendRate and ResumeRate at Slurm's defaults (60 and 300)."""
+
+    name = "slurm"
+    scheduler = "slurm"
+
+    def __init__(self, config: HookConfig, suspend_rate: int = SLURM_SUSPEND_RATE,
+                 resume_rate: int = SLURM_RESUME_RATE):
+        self.suspend_time = float(config.node_idle_limit)
+        self.suspends = _RateLimit(suspend_rate)
+        self.resumes = _RateLimit(resume_rate)
+        self.excluded = config.excluded_hosts
+        self.sleep_mode = config.mode == MODE_RAMP_RATE
+        self._to_suspend: Deque[Node] = deque()
+        self._to_resume: Deque[Node] = deque()
+        self._timer_at: Optional[float] = None
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        self.on_idle([n for n in engine.nodes], 0.0 if not engine.submit else engine.submit[0])
+
+    def on_idle(self, nodes: List[Node], now: float) -> None:
+        for node in nodes:
+            if node.name not in self.excluded:
+                self.engine.timer(now + self.suspend_time, ("idle", node, now))
+
+    def on_up(self, node: Node, now: float) -> None:
+        if node.job is None:
+            self.on_idle([node], now)
+
+    def on_allocated_down(self, nodes: List[Node], now: float) -> None:
+        self._to_resume.extend(nodes)
+        self._drain(now)
+
+    def on_timer(self, now: float, arg) -> None:
+        if arg[0] == "idle":
+            node, since = arg[1], arg[2]
+            if node.state == IDLE and node.job is None and node.idle_since <= since:
+                self._to_suspend.append(node)
+        else:
+            self._timer_at = None
+        self._drain(now)
+
+    def _drain(self, now: float) -> None:
+        engine = self.engine
+        while self._to_resume and self.resumes.room(now) > 0:
+            if engine.power_up(self._to_resume.popleft(), now):
+                self.resumes.take(now)
+        while self._to_suspend and self.suspends.room(now) > 0:
+            node = self._to_suspend.popleft()
+            if node.state == IDLE and node.job is None and now - node.idle_since >= self.suspend_time:
+                if engine.power_down(node, now):
+                    self.suspends.take(now)
+        waits = [lim.next_room() for lim, q in ((self.resumes, self._to_resume),
+                                                (self.suspends, self._to_suspend)) if q]
+        if waits and self._timer_at is None:
+            self._timer_at = min(waits)
+            engine.timer(self._timer_at, ("rate",))
+
+
+class OpenPBSPower(Manager):
+    """OpenPBS's PBS_power periodic hook, from its documentation."""
+
+    name = "openpbs"
+
+    def __init__(self, config: HookConfig, cycle: float):
+        self.cfg = config
+        self.cycle = float(cycle)
+        self.sleep_mode = config.mode == MODE_RAMP_RATE
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        engine.every(self.cycle, engine.submit[0] if engine.submit else 0.0)
+
+    def on_cycle(self, now: float) -> None:
+        engine, budget = self.engine, self.cfg.max_concurrent_nodes
+        for node in engine.nodes:                  # the MoM is back: clear sleep
+            if node.marked and node.state == IDLE:
+                engine.mark(node, False)
+        needed = set()
+        for _j, start, nodes in engine.estimates(now, limit=OPENPBS_JOBS):
+            needed.update(n.idx for n in nodes)
+            if start > now + OPENPBS_BOOT:
+                continue
+            for node in nodes:
+                if budget > 0 and node.state == DOWN and (
+                        node.down_since is None
+                        or now - node.down_since >= self.cfg.min_node_down_delay):
+                    engine.power_up(node, now)
+                    budget -= 1
+        for node in engine.nodes:
+            if budget <= 0:
+                return
+            if (node.state == IDLE and node.job is None and not node.marked
+                    and node.idx not in needed and node.name not in self.cfg.excluded_hosts
+                    and now - max(node.idle_since, node.changed) > self.cfg.node_idle_limit):
+                engine.mark(node, True)
+                engine.power_down(node, now)
+                budget -= 1
+
+
+class SimBackend(PowerBackend):
+    """A power backend whose hosts are the engine's simulated nodes."""
+
+    name = "simulator"
+
+    def __init__(self, engine, by_name: Dict[str, Node]):
+        self.engine = engine
+        self.by_name = by_name
+
+    def request(self, kind: TransitionKind, hosts: Sequence[str], now: float):
+        go = self.engine.power_down if kind.is_down else self.engine.power_up
+        out = {}
+        for host in hosts:
+            ok = go(self.by_name[host], now)
+            out[host] = Result(ok, "" if ok else "node not in a state for %s" % kind.value)
+        return out
+
+    def status(self, hosts: Sequence[str], now: float):
+        down = PowerState.ASLEEP if self.engine.sleep_mode else PowerState.OFF
+        out = {}
+        for host in hosts:
+            s = self.by_name[host].state
+            state = (down if s == DOWN else PowerState.TRANSITIONING
+                     if s in (BOOTING, SHUTTING) else PowerState.ON)
+            out[host] = HostPower(state)
+        return out
+
+
+class PbsPower(Manager):
+    """Our own hook's cycle, fed the snapshot a PBS server would show."""
+
+    name = "pbs-power"
+
+    def __init__(self, config: HookConfig, cycle: float, log=None):
+        self.cfg = config
+        self.cycle = float(cycle)
+        self.sleep_mode = config.mode == MODE_RAMP_RATE
+        self.store = MemoryStore()
+        self.log = log or (lambda level, message: None)
+        self._vnodes: Dict[int, tuple] = {}
+
+    def attach(self, engine) -> None:
+        super().attach(engine)
+        self.by_name = {n.name: n for n in engine.nodes}
+        self.runner = Cycle(self.cfg, self.store, SimBackend(engine, self.by_name), self.log)
+        engine.every(self.cycle, engine.submit[0] if engine.submit else 0.0)
+
+    def on_cycle(self, now: float) -> None:
+        report = self.runner.run(self.snapshot(now), now)
+        engine, by_name = self.engine, self.by_name
+        for mark in report.marks:
+            node = by_name[mark.host]
+            if mark.offline:
+                engine.fail(node, now)
+            if mark.sleep is not None:
+                engine.mark(node, mark.sleep)
+
+    def snapshot(self, now: float) -> Snapshot:
+        """Vnodes the planner can act on (busy hosts change nothing), and the calendar."""
+        in_flight = {t.host for t in self.store.transitions()}
+        vnodes = [self._vnode(n) for n in self.engine.nodes
+                  if n.state not in (BUSY, HELD) or n.name in in_flight]
+        jobs = tuple(QueuedJob(self.engine.job_ids[j], start, tuple(n.name for n in nodes))
+                     for j, start, nodes in self.engine.estimates(now))
+        return Snapshot(tuple(vnodes), jobs)
+
+    def _vnode(self, node: Node) -> Vnode:
+        key = (node.state, node.marked, node.failed, node.idle_since, node.changed, node.job)
+        cached = self._vnodes.get(node.idx)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if node.failed:
+            states = frozenset({"offline"})
+        elif node.marked or node.state in (DOWN, SHUTTING, BOOTING):
+            states = frozenset({"sleep"})
+        elif node.state in (BUSY, HELD):
+            states = frozenset({"job-exclusive"})
+        else:
+            states = frozenset({"free"})
+        jobs = (self.engine.job_ids[node.job],) if node.job is not None else ()
+        vnode = Vnode(node.name, node.name, states, poweroff_eligible=True,
+                      last_used_time=node.idle_since, last_state_change_time=node.changed,
+                      jobs=jobs)
+        self._vnodes[node.idx] = (key, vnode)
+        return vnode
+
+
+def build(name: str, config: HookConfig, cycle: float, log=None) -> Manager:
+    """The manager called ``name`` (one of MANAGERS)."""
+    if name == "always-on":
+        return AlwaysOn()
+    if name == "pbs-power":
+        return PbsPower(config, cycle, log)
+    if name == "slurm":
+        return SlurmPowerSave(config)
+    if name == "openpbs":
+        return OpenPBSPower(config, cycle)
+    raise ValueError("unknown manager %r (known: %s)" % (name, ", ".join(MANAGERS)))
