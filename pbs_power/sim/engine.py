@@ -372,7 +372,11 @@ class Engine:
             new, self._new = self._new, []
             if new and self.startable():
                 self._backfill_new(new, t)
-            return
+                return
+            if not new or self._shadow[0] != INF:
+                return
+            # Nothing can start, but a new job may be the new top job: the
+            # full pass gives it its reservation (and notes a power wait).
         self._dirty = False
         self._new = []
         queue = self.queue
