@@ -21,7 +21,7 @@ from pbs_power.sim.nodes import (BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 from pbs_power.sim.simulate import default_config
 from pbs_power.store import Store
 
-from sim_helpers import MODEL, STEP, job, run, starts, waits
+from sim_helpers import MODEL, STEP, Recorder, job, run, starts, waits
 
 
 def kwh(joules: float) -> float:
@@ -99,6 +99,14 @@ def test_easy_backfill_long_job_fits_in_the_spare_nodes_only():
     assert starts(e) == {"A": 0.0, "B": 1000.0, "C": 20.0, "D": 1100.0, "E": 40.0}
 
 
+def test_easy_backfill_in_one_full_pass_when_all_jobs_are_queued_together():
+    # The same jobs all submitted at 0 go through one full scheduling pass
+    # (not the incremental one): the same rules give the same choices.
+    e = run([job("A", 0, 4, 1000), job("B", 0, 5, 100), job("C", 0, 1, 5000),
+             job("D", 0, 1, 100, 5000), job("E", 0, 1, 500)], 6, AlwaysOn())
+    assert starts(e) == {"A": 0.0, "B": 1000.0, "C": 0.0, "D": 1100.0, "E": 0.0}
+
+
 def test_energy_is_integrated_exactly_and_extended_to_a_later_horizon():
     # 3 nodes: J1 (2 nodes) 0..1800, J2 (1 node) 600..3600.
     e = run([job("J1", 0, 2, 1800), job("J2", 600, 1, 3000)], 3, AlwaysOn())
@@ -140,6 +148,27 @@ def test_slurm_suspend_and_resume_rates_space_nodes_one_minute_apart():
     assert [n.down_since for n in e.nodes] == [None, None]        # both came back
     assert starts(e)["B"] == 2360.0 and waits(e)["B"] == 360.0
     assert e.ramp_down == {11: STEP, 12: STEP} and e.ramp_up == {33: STEP, 34: STEP}
+
+
+def test_slurm_rate_limit_at_a_fractional_time_does_not_spin():
+    """BUG (managers.py, _RateLimit.room): the retry timer is set for
+    ``times[0] + 60.0`` but room() tests ``times[0] <= now - 60.0``; for some
+    fractional times (t + 60) - 60 rounds below t, the slot never frees and
+    the timer re-arms at the same instant forever: the simulation hangs.
+    Here A ends at a fractional time, so the first suspend is at such a time.
+    """
+    runtime = 422.1069999614152
+    first = runtime + 600.0
+    assert not first <= (first + 60.0) - 60.0      # the rounding that triggers it
+
+    def spinning(_fraction):
+        raise AssertionError("engine still running after 16384 loops: it spins")
+
+    config = default_config(node_idle_limit=600)
+    e = Recorder([job("A", 0, 2, runtime), job("B", 5000, 2, 10)], make_nodes(2, MODEL),
+                 MODEL, SlurmPowerSave(config, suspend_rate=1))
+    e.run(progress=spinning)
+    assert e.log[:2] == [(first, "down", "n00001"), (first + 60.0, "down", "n00002")]
 
 
 def test_slurm_never_suspends_suspend_exc_nodes():
@@ -218,6 +247,9 @@ def _hundred_queue(blockers: int):
 def test_openpbs_wakes_the_100th_queued_job_s_node():
     config = default_config(node_idle_limit=600, min_node_down_delay=0)
     e = run(_hundred_queue(99), 3, OpenPBSPower(config, 300))
+    # n00003 is idle from 0: at the 600 run it has been idle exactly
+    # node_idle_limit, not longer, so it goes off at the 900 run.
+    assert e.log[:2] == [(900.0, "sleep", "n00003"), (900.0, "down", "n00003")]
     assert [x for x in e.log if x[1] == "up"][0] == (1200.0, "up", "n00003")
     assert starts(e)["S"] == 1500.0               # backfilled: ends long before 20000
 

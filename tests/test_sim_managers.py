@@ -204,6 +204,7 @@ def test_simulate_metrics_against_always_on_by_hand():
     assert op.saved_pct == pytest.approx(100.0 * (base - joules) / base, rel=1e-12)
     assert (op.added_wait_mean_s, op.added_wait_p95_s, op.added_wait_max_s) == (350.0, 700.0, 700.0)
     assert op.wait_mean_s == 350.0 and op.jobs_delayed_by_power_pct == 50.0
+    assert op.power_wait_mean_s == 350.0          # all of B's 700 s is power
     assert op.power_cycles_per_node_day == pytest.approx(8 / (8 * 20800 / 86400.0))
     # ramp: 1200 W (5 nodes) and 720 W in each direction, all over the 500 W limit.
     assert (op.peak_ramp_w_per_min, op.minutes_over_ramp_limit) == (5 * STEP, 4)

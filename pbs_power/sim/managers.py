@@ -79,7 +79,7 @@ class _RateLimit:
     def room(self, now: float) -> int:
         if self.per_minute <= 0:
             return 1 << 30
-        while self.times and self.times[0] <= now - 60.0:
+        while self.times and self.times[0] + 60.0 <= now:
             self.times.popleft()
         return self.per_minute - len(self.times)
 
