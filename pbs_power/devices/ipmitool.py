@@ -145,14 +145,8 @@ class IpmiTool:
     def power_state(self, bmc: Bmc, timeout: Optional[float] = None
                     ) -> Tuple[Optional[PowerState], Answer]:
         """The chassis power (ON/OFF), or None with the failed Answer."""
-        answer = self.call(bmc, ["chassis", "power", "status"], timeout)
-        if not answer.ok:
-            return None, answer
-        state = parse_power(answer.out)
-        if state is None:
-            return None, Answer(False, answer.out, "unexpected answer to chassis power status: "
-                                + _first_line(answer.out), "error", seconds=answer.seconds)
-        return state, answer
+        return _read(self.call(bmc, ["chassis", "power", "status"], timeout),
+                     parse_power, "chassis power status")
 
     def chassis(self, bmc: Bmc, action: str, timeout: Optional[float] = None) -> Answer:
         """``chassis power ACTION`` (on, off, soft, cycle, reset)."""
@@ -165,14 +159,8 @@ class IpmiTool:
     def get_limit(self, bmc: Bmc, timeout: Optional[float] = None
                   ) -> Tuple[Optional[LimitReading], Answer]:
         """The DCMI power limit, or None with the failed Answer."""
-        answer = _dcmi(self.call(bmc, ["dcmi", "power", "get_limit"], timeout))
-        if not answer.ok:
-            return None, answer
-        reading = parse_limit(answer.out)
-        if reading is None:
-            return None, Answer(False, answer.out, "unexpected answer to dcmi power get_limit: "
-                                + _first_line(answer.out), "error", seconds=answer.seconds)
-        return reading, answer
+        return _read(_dcmi(self.call(bmc, ["dcmi", "power", "get_limit"], timeout)),
+                     parse_limit, "dcmi power get_limit")
 
     def set_limit(self, bmc: Bmc, watts: int, deadline: Optional[float] = None) -> Answer:
         """Set the DCMI power limit to ``watts`` and activate it (two calls)."""
@@ -279,3 +267,13 @@ def parse_power(text: str) -> Optional[PowerState]:
         return None
     return PowerState.ON if match.group(1) == "on" else PowerState.OFF
 
+
+def _read(answer: Answer, parse, what: str):
+    """``(parse(answer.out), answer)``; an answer ``parse`` cannot read is a failure."""
+    if not answer.ok:
+        return None, answer
+    value = parse(answer.out)
+    if value is None:
+        return None, Answer(False, answer.out, "unexpected answer to %s: %s"
+                            % (what, _first_line(answer.out)), "error", seconds=answer.seconds)
+    return value, answer
