@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import random
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .nodes import (BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node, NodeModel,
@@ -62,7 +63,7 @@ class Engine:
         self._next_sample = 0.0
         self.ramp_up: Dict[int, float] = {}
         self.ramp_down: Dict[int, float] = {}
-        self._rng_state = seed
+        self._rng = random.Random(seed)
         self._dirty = True
         self._new: List[int] = []
         self._shadow: Tuple[float, int] = (INF, 0)
@@ -275,8 +276,7 @@ class Engine:
 
     def boot_duration(self, node: Node) -> float:
         """This boot's seconds: the node's own mean plus a little noise (seeded)."""
-        self._rng_state = (self._rng_state * 1103515245 + 12345) & 0x7FFFFFFF
-        noise = self.model.boot_noise * (2.0 * self._rng_state / 0x7FFFFFFF - 1.0)
+        noise = self.model.boot_noise * self._rng.uniform(-1.0, 1.0)
         base = node.boot_s
         if self.sleep_mode:
             base = self.model.wake_seconds * node.boot_s / self.model.boot_seconds
@@ -407,9 +407,12 @@ class Engine:
                     extra -= width
         self._shadow = (shadow if shadow is not None else INF, extra or 0)
         if started:
-            start = self.start
-            alloc = self.alloc
-            self.queue = [j for j in queue if start[j] is None and not alloc[j]]
+            self._drop_started()
+
+    def _drop_started(self) -> None:
+        """Take jobs that started or hold nodes out of the queue."""
+        start, alloc = self.start, self.alloc
+        self.queue = [j for j in self.queue if start[j] is None and not alloc[j]]
 
     def _backfill_new(self, new: List[int], t: float) -> None:
         """Only new jobs arrived since the last full pass: try them against it."""
@@ -434,8 +437,7 @@ class Engine:
                     extra -= width
         self._shadow = (shadow, extra)
         if started:
-            start, alloc = self.start, self.alloc
-            self.queue = [j for j in self.queue if start[j] is None and not alloc[j]]
+            self._drop_started()
         if self._dirty:
             self._schedule(t)
 
