@@ -133,6 +133,9 @@ def test_sleep_wake_and_unknown_hosts_fail_per_host(sims, creds, tmp_path):
     assert not out["ghost"].ok and "no BMC address" in out["ghost"].diag
     assert backend.status(["ghost"], 0)["ghost"].state is UNKNOWN
     assert backend.last_errors["ghost"].startswith("ghost: ipmi: no BMC address")
+    assert backend.check("ghost") == {  # what `pbs-power devices check` prints for it
+        "reachable": False, "backend": "ipmi", "power_state": None, "power_cap_watts": None,
+        "diag": "ghost: ipmi: no BMC address (host not in option bmcs, no bmc_template)"}
 
 
 def test_bmc_template_addresses_hosts_without_a_map_entry(sims, creds, tmp_path):

@@ -207,13 +207,14 @@ def test_planner_drives_emulated_bmcs_through_a_cycle(lab, tmp_path):
 
 
 # -- node power caps ---------------------------------------------------------------
-@pytest.mark.parametrize("style", ["environment", "power"])
+@pytest.mark.parametrize("style", ["environment", "power", "controls"])
 def test_cap_set_read_back_clamp_and_refuse(lab, style):
     systems = systems_for(["g1", "g2"])
     emu = lab.emulator(systems, caps=caps_for(systems, style, 100, 800))
     devices = lab.track(RedfishDevices(lab.options(emu, systems)))
-    described = ("EnvironmentMetrics PowerLimitWatts" if style == "environment"
-                 else "Power PowerControl[0].PowerLimit")
+    described = {"environment": "EnvironmentMetrics PowerLimitWatts",
+                 "power": "Power PowerControl[0].PowerLimit",
+                 "controls": "Controls PowerLimit SetPoint"}[style]  # not the CPUTemp control
 
     ok = devices.handle(cap_request("g1", 333.6))
     assert ok.success and ok.power_cap_watts == 334.0, ok  # the BMC rounds; we report it
@@ -233,14 +234,14 @@ def test_cap_set_read_back_clamp_and_refuse(lab, style):
     strict = lab.track(RedfishDevices(lab.options(emu, systems, cap_out_of_range="refuse")))
     refused = strict.handle(cap_request("g2", 950))
     assert not refused.success
-    span, source = (("100-800", "AllowableMin/AllowableMax") if style == "environment"
+    span, source = (("100-800", "AllowableMin/AllowableMax") if style != "power"
                     else ("50-800", "PowerCapacityWatts"))  # Power has no lower bound
     assert refused.error == ("g2: redfish %s: cap 950 W is outside the allowed range %s W "
                              "(from %s and the node's min_watts/max_watts); nothing changed"
                              % (emu.url, span, source))
     assert strict.ping(["g2"])["g2"].cap_watts == 800.0  # unchanged
 
-    if style == "environment":  # AllowableMin is advertised: clamped up before sending
+    if style != "power":  # AllowableMin is advertised: clamped up before sending
         low = devices.handle(cap_request("g2", 60))
         assert low.success and low.power_cap_watts == 100.0
     else:  # the Power resource has no lower bound: the BMC itself says no (400)
@@ -266,6 +267,23 @@ def test_cap_resource_choice_when_both_are_offered(lab):
         ("EnvironmentMetrics PowerLimitWatts", 456.0, (100.0, 700.0))
     gpu = auto.handle(DeviceRequest("b1", "gpu_policies_update", {}, model(), None, "g", 20))
     assert not gpu.success and "node power caps only" in gpu.error
+
+
+def test_controls_only_chassis_and_a_forced_cap_resource(lab):
+    systems = systems_for(["k1", "k2"])
+    caps = caps_for(systems[:1], "controls", 100, 700, limit=650)
+    caps.update(caps_for(systems[1:], "environment", 100, 700))
+    emu = lab.emulator(systems, caps=caps)
+    forced = lab.track(RedfishDevices(lab.options(emu, systems, cap_resource="Controls")))
+    found = forced.ping(["k1", "k2"])
+    assert (found["k1"].cap_resource, found["k1"].cap_watts, found["k1"].cap_range) == \
+        ("Controls PowerLimit SetPoint", 650.0, (100.0, 700.0))
+    assert found["k2"].reachable and found["k2"].cap_watts is None
+    assert found["k2"].error.startswith("cap not readable: k2: redfish %s: chassis " % emu.url)
+    assert found["k2"].error.endswith(" offers no power limit (Controls)")
+    assert forced.handle(cap_request("k1", 420)).power_cap_watts == 420.0
+    env = lab.track(RedfishDevices(lab.options(emu, systems, cap_resource="EnvironmentMetrics")))
+    assert env.ping(["k1"])["k1"].error.endswith(" offers no power limit (EnvironmentMetrics)")
 
 
 # -- authentication and TLS -----------------------------------------------------------

@@ -12,7 +12,8 @@ goes back to uncapped). A BMC without DCMI power limiting fails the request
 with a one-line diagnostic, except when the node is to run uncapped (nothing
 to lift). GPU caps are not set over IPMI: GPUs a request names fail (use a
 GPU backend for them). Both classes offer ``probe(hosts)`` (see `Probe`) for
-health checks. All BMC calls go through `pbs_power.devices.ipmitool`.
+health checks; the power backend also answers ``pbs-power devices check``
+(``check(host)``). All BMC calls go through `pbs_power.devices.ipmitool`.
 
 Options (both backends, one mapping):
 
@@ -234,6 +235,34 @@ class IpmiPowerBackend(PowerBackend):
     def probe(self, hosts: Sequence[str]) -> Dict[str, Probe]:
         """Reachability, chassis power, DCMI cap and latency of every host's BMC."""
         return self.fleet.probe_all(hosts)
+
+    def check(self, host: str) -> Dict[str, Any]:
+        """The ``pbs-power devices check`` protocol (see `pbs_power.devices.check`).
+
+        One `probe` within ``call_timeout``; the cap is the DCMI limit when it is active.
+        """
+        bmc, why = self.fleet.bmc(host)
+        if bmc is None:
+            return check_answer(Probe(host, "", False, error="%s: %s" % (host, why)))
+        deadline = time.monotonic() + self.fleet.config.settings.call_timeout
+        return check_answer(self.fleet.probe(bmc, deadline))
+
+
+def check_answer(probe: Probe) -> Dict[str, Any]:
+    """A probe as the check protocol's answer: reachable, power, active cap, one-line note."""
+    out: Dict[str, Any] = {"reachable": probe.reachable, "backend": "ipmi", "power_state": None,
+                           "power_cap_watts": None, "diag": probe.error}
+    if not probe.reachable:
+        return out
+    out["power_state"] = probe.power.value
+    if probe.cap_error:
+        out["diag"] = "no power cap: " + probe.cap_error
+    elif probe.cap_active:
+        out["power_cap_watts"] = probe.cap_watts
+    else:
+        stored = " (%g W stored)" % probe.cap_watts if probe.cap_watts else ""
+        out["diag"] = "DCMI power limit not active%s: node uncapped" % stored
+    return out
 
 
 class IpmiDevices(DeviceBackend):

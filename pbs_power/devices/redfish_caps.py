@@ -1,18 +1,21 @@
 """Node power caps through a Redfish Chassis: read, set, and read back.
 
-Two DMTF resources carry a chassis power limit; a BMC offers one or both:
+Three DMTF resources carry a chassis power limit; a BMC offers one or more,
+and ``auto`` takes the first found in this order:
 
 * ``EnvironmentMetrics.PowerLimitWatts`` (newer): ``SetPoint``, with
   ``AllowableMin``/``AllowableMax``;
 * ``Power.PowerControl[i].PowerLimit.LimitInWatts`` (older), with
-  ``PowerCapacityWatts`` as the upper bound and no standard lower bound.
+  ``PowerCapacityWatts`` as the upper bound and no standard lower bound;
+* the chassis' ``Controls`` collection (Redfish 2021.2): the first member
+  with ``ControlType`` ``Power``, its ``SetPoint`` with
+  ``AllowableMin``/``AllowableMax`` (what some BMCs offer alone).
 
 The allowed range of a cap is what the BMC advertises, narrowed by the node's
 own range from the topology (``node.min_watts``/``max_watts``). A cap outside
 it is clamped into it (``clamp``, the default; the result says so) or refused
 before anything is sent (``refuse``). After a PATCH the resource is read
 again and the value the BMC holds is reported, since BMCs round or adjust.
-The ``Controls`` resource (Redfish 2021+) is not used yet.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from .redfish_client import RedfishClient, RedfishError
 
 ENV = "EnvironmentMetrics"
 POWER = "PowerControl"
+CONTROLS = "Controls"
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,8 @@ class CapReading:
     """A chassis power-limit resource and what it holds."""
 
     path: str                  # the resource to GET and PATCH
-    style: str                 # ENV or POWER
-    index: int                 # PowerControl member (0 for ENV)
+    style: str                 # ENV, POWER or CONTROLS
+    index: int                 # PowerControl member (0 otherwise)
     watts: Optional[float]     # the limit now (None: no limit set)
     low: Optional[float]       # what the BMC allows
     high: Optional[float]
@@ -44,6 +48,8 @@ class CapReading:
     def describe(self) -> str:
         if self.style == ENV:
             return "EnvironmentMetrics PowerLimitWatts"
+        if self.style == CONTROLS:
+            return "Controls %s SetPoint" % self.path.rstrip("/").rsplit("/", 1)[-1]
         return "Power PowerControl[%d].PowerLimit" % self.index
 
 
@@ -65,16 +71,14 @@ def find_cap(client: RedfishClient, chassis: str, prefer: str,
              deadline: Optional[float]) -> CapReading:
     """The power-limit resource of ``chassis`` (path), per ``prefer`` (see CAP_RESOURCES)."""
     doc = client.get(chassis, deadline)
-    env = (doc.get("EnvironmentMetrics") or {}).get("@odata.id")
-    power = (doc.get("Power") or {}).get("@odata.id")
-    order: List[Tuple[str, Optional[str]]] = [(ENV, env), (POWER, power)]
-    if prefer == POWER:
-        order.reverse()
+    order: List[Tuple[str, Optional[str]]] = [(style, _link(doc, key)) for style, key in (
+        (ENV, "EnvironmentMetrics"), (POWER, "Power"), (CONTROLS, "Controls"))]
     if prefer != "auto":
-        order = order[:1]
+        order = [(style, path) for style, path in order if style == prefer]
     for style, path in order:
         if path:
-            found = read_cap(client, path, style, deadline)
+            found = (find_power_control(client, path, deadline) if style == CONTROLS
+                     else read_cap(client, path, style, deadline))
             if found is not None:
                 return found
     offered = " or ".join(s for s, _ in order)
@@ -82,16 +86,34 @@ def find_cap(client: RedfishClient, chassis: str, prefer: str,
                        % (client.name, doc.get("@odata.id", chassis), offered))
 
 
+def _link(doc: Mapping[str, Any], key: str) -> Optional[str]:
+    link = doc.get(key)
+    return link.get("@odata.id") if isinstance(link, dict) else None
+
+
+def find_power_control(client: RedfishClient, collection: str,
+                       deadline: Optional[float]) -> Optional[CapReading]:
+    """The first ``ControlType: Power`` member of a Controls collection (None: no such)."""
+    for member in client.get(collection, deadline).get("Members") or []:
+        path = member.get("@odata.id") if isinstance(member, dict) else None
+        if path:
+            found = read_cap(client, path, CONTROLS, deadline)
+            if found is not None:
+                return found
+    return None
+
+
 def read_cap(client: RedfishClient, path: str, style: str,
              deadline: Optional[float]) -> Optional[CapReading]:
     """The limit at ``path`` (None when the resource carries no power limit)."""
     doc = client.get(path, deadline)
     etag = doc.get("@odata.etag")
-    if style == ENV:
-        limit = doc.get("PowerLimitWatts")
-        if not isinstance(limit, dict):
+    if style in (ENV, CONTROLS):
+        limit = doc.get("PowerLimitWatts") if style == ENV else doc
+        if not isinstance(limit, dict) or (style == CONTROLS
+                                           and limit.get("ControlType") != "Power"):
             return None
-        return CapReading(path, ENV, 0, _number(limit.get("SetPoint")),
+        return CapReading(path, style, 0, _number(limit.get("SetPoint")),
                           _number(limit.get("AllowableMin")), _number(limit.get("AllowableMax")),
                           etag)
     for index, member in enumerate(doc.get("PowerControl") or []):
@@ -154,6 +176,8 @@ def _body(cap: CapReading, watts: float) -> Dict[str, Any]:
     value: Any = int(watts) if float(watts).is_integer() else round(watts, 3)
     if cap.style == ENV:
         return {"PowerLimitWatts": {"SetPoint": value}}
+    if cap.style == CONTROLS:
+        return {"SetPoint": value}
     members: List[Dict[str, Any]] = [{} for _ in range(cap.index)]  # PATCH keeps the others
     return {"PowerControl": members + [{"PowerLimit": {"LimitInWatts": value}}]}
 
@@ -161,7 +185,7 @@ def _body(cap: CapReading, watts: float) -> Dict[str, Any]:
 def _range_source(cap: CapReading, node_min: Optional[float], node_max: Optional[float]) -> str:
     parts = []
     if cap.low is not None or cap.high is not None:
-        parts.append("AllowableMin/AllowableMax" if cap.style == ENV else "PowerCapacityWatts")
+        parts.append("PowerCapacityWatts" if cap.style == POWER else "AllowableMin/AllowableMax")
     if node_min is not None or node_max is not None:
         parts.append("the node's min_watts/max_watts")
     return "from " + " and ".join(parts) if parts else "no range known"

@@ -18,8 +18,8 @@ Options (all but one of ``bmcs``/``url_template`` optional):
   ``graceful_timeout_seconds`` (300): then ForceOff; ``poll_seconds`` (2);
 * ``cap_out_of_range``: ``clamp`` (default: into the allowed range, and say
   so) or ``refuse`` (change nothing, fail); ``cap_resource``: ``auto``
-  (EnvironmentMetrics if the chassis offers it, else Power), ``EnvironmentMetrics``
-  or ``PowerControl``;
+  (EnvironmentMetrics if the chassis offers it, else Power, else a Power
+  member of Controls), ``EnvironmentMetrics``, ``PowerControl`` or ``Controls``;
 * ``max_workers`` (32): hosts handled at once by the power backend.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .redfish_client import base_url
 OFF_MODES = ("GracefulShutdown", "ForceOff")
 AUTH_MODES = ("basic", "session", "none")
 CAP_MODES = ("clamp", "refuse")
-CAP_RESOURCES = ("auto", "EnvironmentMetrics", "PowerControl")
+CAP_RESOURCES = ("auto", "EnvironmentMetrics", "PowerControl", "Controls")
 BMC_KEYS = ("url", "system_id", "chassis_id", "ca_file", "verify")
 KNOWN = ("bmcs", "url_template", "system_id", "chassis_id", "credentials_file", "auth",
          "verify", "ca_file", "allow_http", "timeout_seconds", "retries", "backoff_seconds",

@@ -6,7 +6,9 @@ this module is written for pbs_power's tests and is NOT part of sushy-tools;
 it is installed into the emulator's Flask app by ``sushy_launcher.py``:
 
 * DMTF Chassis ``Power`` (``PowerControl[0].PowerLimit.LimitInWatts``,
-  ``PowerCapacityWatts``) and ``EnvironmentMetrics`` (``PowerLimitWatts``
+  ``PowerCapacityWatts``), ``EnvironmentMetrics`` (``PowerLimitWatts``
+  ``SetPoint``/``AllowableMin``/``AllowableMax``) and ``Controls`` (a
+  collection with a temperature control and a ``ControlType: Power`` control,
   ``SetPoint``/``AllowableMin``/``AllowableMax``) resources, per chassis, that
   keep their state in memory, round a new limit to whole watts (as many BMCs
   do) and answer 400 with a Redfish error body outside [min, max];
@@ -20,8 +22,8 @@ it is installed into the emulator's Flask app by ``sushy_launcher.py``:
 * an added delay per request, as slow as real BMCs (``PBS_TEST_LATENCY_MS``).
 
 Config keys (in the emulator's config file, next to sushy's own):
-``PBS_TEST_CAPS`` {chassis id: {style: power|environment|both, min, max,
-limit}}, ``PBS_TEST_SYSTEM_CHASSIS`` {system uuid: chassis id},
+``PBS_TEST_CAPS`` {chassis id: {style: power|environment|both|controls,
+min, max, limit}} (``controls``: the Controls collection only), ``PBS_TEST_SYSTEM_CHASSIS`` {system uuid: chassis id},
 ``PBS_TEST_IGNORE_GRACEFUL`` [system uuid], ``PBS_TEST_FAULTS`` [{method,
 path_suffix, status, message}], ``PBS_TEST_SESSION_ONLY`` bool,
 ``PBS_TEST_LATENCY_MS`` number.
@@ -140,6 +142,8 @@ def _link_power(app: flask.Flask, limits: PowerLimits, doc: Dict, kw: Dict) -> N
         doc["Power"] = {"@odata.id": base + "/Power"}
     if cap["style"] in ("environment", "both"):
         doc["EnvironmentMetrics"] = {"@odata.id": base + "/EnvironmentMetrics"}
+    if cap["style"] == "controls":
+        doc["Controls"] = {"@odata.id": base + "/Controls"}
 
 
 def _reading(app: flask.Flask, chassis: str, cap: Dict[str, Any]) -> float:
@@ -201,10 +205,57 @@ def _add_power_routes(app: flask.Flask, limits: PowerLimits) -> None:
             "PowerLimitWatts": {"SetPoint": cap["limit"], "AllowableMin": cap["min"],
                                 "AllowableMax": cap["max"], "ControlMode": "Automatic"}})
 
+    _add_control_routes(app, limits)
     app.add_url_rule("/redfish/v1/Chassis/<identity>/Power", "pbs_test_power", power,
                      methods=["GET", "PATCH"])
     app.add_url_rule("/redfish/v1/Chassis/<identity>/EnvironmentMetrics",
                      "pbs_test_environment", environment, methods=["GET", "PATCH"])
+
+
+def _add_control_routes(app: flask.Flask, limits: PowerLimits) -> None:
+    """A Controls collection: a temperature control first, then the power limit."""
+    def cap_of(identity: str):
+        cap = limits.get(identity)
+        return cap if cap is not None and cap["style"] == "controls" else None
+
+    def collection(identity: str):
+        if cap_of(identity) is None:
+            return flask.jsonify(redfish_error(404, "No Controls resource.")), 404
+        base = "/redfish/v1/Chassis/%s/Controls" % identity
+        return flask.jsonify({
+            "@odata.type": "#ControlCollection.ControlCollection", "@odata.id": base,
+            "Name": "Controls", "Members@odata.count": 2,
+            "Members": [{"@odata.id": base + "/CPUTemp"}, {"@odata.id": base + "/PowerLimit"}]})
+
+    def control(identity: str, control_id: str):
+        cap = cap_of(identity)
+        if cap is None or control_id not in ("CPUTemp", "PowerLimit"):
+            return flask.jsonify(redfish_error(404, "No such control.")), 404
+        path = "/redfish/v1/Chassis/%s/Controls/%s" % (identity, control_id)
+        if flask.request.method == "PATCH":
+            body = flask.request.get_json(silent=True) or {}
+            if control_id != "PowerLimit" or set(body) != {"SetPoint"}:
+                return flask.jsonify(redfish_error(400, "Only SetPoint of PowerLimit can be "
+                                                   "changed.")), 400
+            refused = limits.set(identity, body["SetPoint"])
+            if refused:
+                return flask.jsonify(refused), 400
+            return flask.Response(status=204)
+        doc = {"@odata.type": "#Control.v1_3_0.Control", "@odata.id": path, "Id": control_id,
+               "PhysicalContext": "Chassis", "ControlMode": "Automatic"}
+        if control_id == "CPUTemp":
+            doc.update(Name="CPU temperature target", ControlType="Temperature",
+                       SetPoint=85, SetPointUnits="Cel", AllowableMin=60, AllowableMax=95)
+        else:
+            doc.update(Name="Chassis power limit", ControlType="Power", SetPoint=cap["limit"],
+                       SetPointUnits="W", AllowableMin=cap["min"], AllowableMax=cap["max"],
+                       Sensor={"Reading": _reading(app, identity, cap)})
+        return flask.jsonify(doc)
+
+    app.add_url_rule("/redfish/v1/Chassis/<identity>/Controls", "pbs_test_controls",
+                     collection, methods=["GET"])
+    app.add_url_rule("/redfish/v1/Chassis/<identity>/Controls/<control_id>",
+                     "pbs_test_control", control, methods=["GET", "PATCH"])
 
 
 # -- WSGI middleware: sessions and faults --------------------------------------
