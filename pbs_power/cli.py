@@ -21,6 +21,7 @@ SUBCOMMANDS: List[str] = [
     "pbs_power.cli_pbs",
     "pbs_power.cli_devices",
     "pbs_power.cli_node",
+    "pbs_power.cli_allocator",
 ]
 
 DESCRIPTION = (
