@@ -286,9 +286,46 @@ def test_estimates_top_job_gets_shadow_time_and_freed_nodes():
     e._allocate(0, 0.0)
     e.queue = [1, 2]
     got = [(e.job_ids[j], at, [n.name for n in nodes]) for j, at, nodes in e.estimates(30.0)]
-    # B: 1 free node + A's 2 at 1000. Then no node is left for C.
-    assert got == [("B", 1000.0, ["n00001", "n00002", "n00003"])]
+    # B: A's 2 nodes at 1000 plus the free n00003. C (10 s) ends long
+    # before 1000, so EASY lets it use n00003 now.
+    assert got == [("B", 1000.0, ["n00001", "n00002", "n00003"]),
+                   ("C", 30.0, ["n00003"])]
     assert e.estimates(30.0, limit=0) == []
+
+
+def _calendar(jobs, nodes, running, queued, t):
+    """Start ``running`` by hand, queue ``queued``, and read the calendar at ``t``."""
+    e = Engine(jobs, make_nodes(nodes, MODEL), MODEL, AlwaysOn())
+    e.manager.attach(e)
+    for j in running:
+        e.queue = [j]
+        e._allocate(j, 0.0)
+    e.queue = list(queued)
+    return [(e.job_ids[j], at, [n.name for n in ns]) for j, at, ns in e.estimates(t)]
+
+
+def test_estimates_backfill_ends_before_the_shadow_or_uses_what_the_top_job_leaves():
+    # A holds n00001 until 1000; n00002..4 are free. B (2 nodes) fits now:
+    # n00002..3. C (2) is the top job: A's node at 1000 plus n00004, held.
+    # D (1 node, 5000 s) would run past 1000 and no node is left that C does
+    # not hold. E (1 node, 10 s) ends long before 1000: it may use n00004 now.
+    got = _calendar([job("A", 0, 1, 900, 1000), job("B", 10, 2, 10), job("C", 20, 2, 10),
+                     job("D", 25, 1, 5000), job("E", 26, 1, 10)], 4, [0], [1, 2, 3, 4], 30.0)
+    assert got == [("B", 30.0, ["n00002", "n00003"]),
+                   ("C", 1000.0, ["n00001", "n00004"]),
+                   ("E", 30.0, ["n00004"])]
+
+
+def test_estimates_long_backfill_takes_the_nodes_the_top_job_leaves_from_the_back():
+    # A holds n00001..2 until 1000; n00003..6 are free. T (5 nodes) is the
+    # top job: A's two at 1000 plus n00003..5. L (1 node, 5000 s) runs past
+    # 1000: it gets the one node T leaves, n00006. S (1 node, 10 s) ends
+    # before 1000: it may use T's n00003 now.
+    got = _calendar([job("A", 0, 2, 900, 1000), job("T", 10, 5, 10), job("L", 20, 1, 5000),
+                     job("S", 30, 1, 10)], 6, [0], [1, 2, 3], 30.0)
+    assert got == [("T", 1000.0, ["n00001", "n00002", "n00003", "n00004", "n00005"]),
+                   ("L", 30.0, ["n00006"]),
+                   ("S", 30.0, ["n00003"])]
 
 
 # -- the in-memory store ---------------------------------------------------------

@@ -6,7 +6,9 @@ what to do with idle nodes. Two scheduler flavours, as in the real systems:
 
 * ``pbs``: jobs start only on nodes that are up and not marked asleep; the
   calendar counts sleeping nodes as available now (PBS puts them in the top
-  job's exec_vnode and leaves waking them to the power hook).
+  job's exec_vnode and leaves waking them to the power hook). While the top
+  job waits only for nodes to wake, the free nodes are held for it: nothing
+  backfills onto them.
 * ``slurm``: a job may be allocated powered-down nodes; allocating one
   resumes it, and the job starts once all its nodes are up.
 
@@ -396,6 +398,11 @@ class Engine:
                     started += 1
                     continue
                 shadow, extra = self.shadow(width, t)
+                if shadow <= t:
+                    # It waits only for nodes to wake. PBS's calendar holds the
+                    # free nodes for it (they come first in its exec_vnode), so
+                    # backfilling must not eat the nodes woken for it.
+                    extra = 0
                 if self.power_since[j] is None and width <= self.potential():
                     self.power_since[j] = t           # only power keeps it waiting
                 continue
@@ -447,43 +454,59 @@ class Engine:
         """Queued jobs' estimated start and nodes, as PBS's calendar shows them.
 
         Jobs that fit now in the nodes that are free, asleep or coming up get
-        ``t`` and nodes from those (free first, then coming up, then asleep);
-        the first job that does not fit gets its shadow time, the nodes freed
-        by then plus all that are free or asleep now. Only the first
-        ``limit`` queued jobs are looked at when ``limit`` is given.
+        ``t`` and nodes from those (free first, then coming up, then asleep).
+        The first job that does not fit gets its shadow time, the nodes freed
+        by then plus what it needs of the rest. Later jobs get ``t`` when
+        they fit without delaying it (EASY): a job that ends before the
+        shadow time may use its nodes, one that runs past it only the nodes
+        it leaves. Only the first ``limit`` queued jobs are looked at.
         """
         pool = self._calendar_pool()
-        out = []
-        pos = 0
-        top_done = False
+        size = len(pool)
+        out: List[Tuple[int, float, List[Node]]] = []
+        front = back = 0          # pool nodes taken from the front / the back
+        shadow: Optional[float] = None
+        held_to = 0               # the top job's pool nodes end at this index
         for n, j in enumerate(self.queue):
             if limit is not None and n >= limit:
                 break
             width = self.width[j]
-            if not top_done and width <= len(pool) - pos:
-                out.append((j, t, pool[pos:pos + width]))
-                pos += width
+            if shadow is None:
+                if width <= size - front - back:
+                    out.append((j, t, pool[front:front + width]))
+                    front += width
+                    continue
+                shadow, nodes = self._top_estimate(width, size - front - back, t)
+                if nodes is None:             # can never fit: no estimate
+                    continue
+                held_to = front + (width - len(nodes))
+                out.append((j, shadow, nodes + pool[front:held_to]))
                 continue
-            if top_done:
-                if width <= len(pool) - pos:
-                    out.append((j, t, pool[pos:pos + width]))
-                    pos += width
-                if pos >= len(pool):
-                    break
-                continue
-            top_done = True
-            have, freed = len(pool) - pos, []
-            for end, k in self.ends:
-                if have >= width:
-                    break
-                have += self.width[k]
-                freed.extend(self.nodes[i] for i in self.alloc[k])
-                at = end
-            if have >= width:
-                rest = width - len(freed)
-                out.append((j, max(at, t), freed[:width] + pool[pos:pos + max(0, rest)]))
-                pos += max(0, rest)
+            if t + self.wall[j] <= shadow:
+                if width <= size - front - back:
+                    out.append((j, t, pool[front:front + width]))
+                    front += width
+            elif width <= size - max(front, held_to) - back:
+                out.append((j, t, pool[size - back - width:size - back]))
+                back += width
+            if front + back >= size:
+                break
         return out
+
+    def _top_estimate(self, width: int, have: int, t: float
+                      ) -> Tuple[float, Optional[List[Node]]]:
+        """The top job's shadow time and the nodes running jobs free by then."""
+        freed: List[Node] = []
+        at = t
+        for end, k in self.ends:
+            if have >= width:
+                break
+            have += self.width[k]
+            freed.extend(self.nodes[i] for i in self.alloc[k])
+            at = end
+        if have < width:
+            return INF, None
+        return max(at, t), freed[:width]
 
     def _calendar_pool(self) -> List[Node]:
         free, coming, asleep = [], [], []
