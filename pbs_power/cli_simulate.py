@@ -38,8 +38,9 @@ def add_parser(subparsers: Any) -> None:
                         "(default: MaxProcs / MaxNodes, rounded up)")
     p.add_argument("--window", metavar="START:END",
                    help="only jobs submitted in this window of the trace, e.g. 30d:60d, 0:86400")
-    p.add_argument("--cycle", type=float, default=300.0,
-                   help="seconds between periodic hook runs (300)")
+    p.add_argument("--cycle", type=int,
+                   help="seconds between periodic hook runs (default: the config's "
+                        "cycle_interval); also what the planner is told")
     p.add_argument("--node-type", choices=("cpu", "gpu"), default="cpu",
                    help="watts and boot times of a typical CPU or 4-GPU node (cpu)")
     p.add_argument("--seed", type=int, default=1, help="seed for per-node boot times (1)")
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     print(trace.report.summary(), file=sys.stderr)
     print("simulating %s jobs on %d nodes (%d processors per node), managers: %s"
           % (format(len(jobs), ","), nodes, per_node, ", ".join(managers)), file=sys.stderr)
-    result = simulate(jobs, nodes, model, config, managers, cycle=args.cycle,
+    cycle = args.cycle or config.cycle_interval
+    result = simulate(jobs, nodes, model, config, managers, cycle=cycle,
                       seed=args.seed, progress=_progress_bar())
     if sys.stderr.isatty():
         sys.stderr.write("\r" + " " * 60 + "\r")
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         report.plot(result, args.plot, title="%s, %d nodes (SIMULATED)" % (trace.name, nodes))
         print("plot written to %s" % args.plot, file=sys.stderr)
     if args.json:
-        print(json.dumps(report.as_json(result, trace=trace.name, cycle=args.cycle,
+        print(json.dumps(report.as_json(result, trace=trace.name, cycle=cycle,
                                         node_type=args.node_type)))
     else:
         print("%s: %s jobs, %d nodes, %.1f days (SIMULATED; saved and added wait are vs "

@@ -59,12 +59,12 @@ class HookConfig:
     node_idle_limit: int = 1800
     min_node_down_delay: int = 1800
     max_jobs_analyze_limit: Optional[int] = None
-    max_concurrent_nodes: int = 5
+    max_concurrent_nodes: int = 100
     node_boot_time: int = 900
     node_wake_time: int = 60
     boot_timeout: int = 1800
     shutdown_timeout: int = 600
-    cycle_interval: int = 300
+    cycle_interval: int = 60
     min_idle_nodes: int = 0
     exclude_nodes: str = ""
     max_ramp_watts_per_minute: Optional[float] = None

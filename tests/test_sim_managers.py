@@ -48,7 +48,7 @@ def _blocked_pair(boot_guess: int):
     """L1 holds n00001 until 3100; n00002 is idle from 0, drained at 600 and
     off at 900. B1 (2 nodes, at 1000) is estimated to start at 3100."""
     config = default_config(node_idle_limit=600, node_boot_time=boot_guess,
-                            min_node_down_delay=0)
+                            min_node_down_delay=0, cycle_interval=300)
     return config, [job("L1", 0, 1, 3100), job("B1", 1000, 2, 1000)]
 
 
@@ -175,7 +175,8 @@ def test_pbs_power_snapshot_lists_only_hosts_it_may_act_on():
 
 #: 8 nodes busy 0..100, all idle until B needs all 8 at 20000.
 EIGHT = [job("A", 0, 8, 100), job("B", 20000, 8, 100)]
-RAMP = dict(node_idle_limit=600, max_ramp_watts_per_minute=500.0, node_power=NodePower())
+RAMP = dict(node_idle_limit=600, max_ramp_watts_per_minute=500.0, node_power=NodePower(),
+            max_concurrent_nodes=5)
 
 
 def _by_name(result):
@@ -229,7 +230,8 @@ def test_pbs_power_keeps_to_the_ramp_limit():
     assert (pp.minutes_over_ramp_limit, pp.peak_ramp_w_per_min) == (0, 2 * STEP)
     assert pp.added_wait_max_s == 1300.0 and pp.saved_pct > 80.0
     assert pp.power_cycles_per_node_day == pytest.approx(8 / (8 * 21400 / 86400.0))
-    without = simulate(EIGHT, 8, MODEL, default_config(node_idle_limit=600), ["pbs-power"])
+    without = simulate(EIGHT, 8, MODEL, default_config(node_idle_limit=600, max_concurrent_nodes=5),
+                       ["pbs-power"])
     assert _by_name(without)["pbs-power"].peak_ramp_w_per_min == 5 * STEP   # max_concurrent_nodes
 
 

@@ -49,7 +49,7 @@ class HookSpec:
 
 HOOKS: Tuple[HookSpec, ...] = (
     HookSpec("pbs_power", "PBS_power.py",
-             (("event", "periodic"), ("freq", "300"), ("alarm", "240"), ("order", "1"))),
+             (("event", "periodic"), ("freq", "60"), ("alarm", "240"), ("order", "1"))),
     HookSpec("pbs_power_job", "pbs_power_job.py",
              (("event", "runjob,jobobit"), ("alarm", "60"), ("order", "1"))),
     HookSpec("pbs_power_prov", "pbs_power_provision.py",

@@ -58,12 +58,20 @@ class Comparison:
 
 
 def simulate(jobs: Sequence[SimJob], nodes: int, model: NodeModel,
-             config: HookConfig, managers: Sequence[str], cycle: float = 300.0,
+             config: HookConfig, managers: Sequence[str], cycle: Optional[float] = None,
              seed: int = 1, progress: Optional[Progress] = None,
              sample_every: Optional[float] = None) -> Comparison:
-    """Run ``managers`` (always-on added first) over ``jobs`` on ``nodes`` nodes."""
+    """Run ``managers`` (always-on added first) over ``jobs`` on ``nodes`` nodes.
+
+    The periodic managers run every ``cycle`` seconds, by default the
+    config's ``cycle_interval``; the planner is told the same period.
+    """
     if not jobs:
         raise ValueError("no jobs to simulate")
+    if cycle is None:
+        cycle = float(config.cycle_interval)
+    elif cycle != config.cycle_interval:
+        config = replace(config, cycle_interval=int(cycle))
     names = ["always-on"] + [m for m in managers if m != "always-on"]
     first = min(j.submit for j in jobs)
     span_guess = max(j.submit for j in jobs) - first + max(j.runtime for j in jobs)
