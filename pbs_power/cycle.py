@@ -22,6 +22,8 @@ from .transitions import Outcome, apply_marks, reconcile
 LogFn = Callable[[str, str], None]
 
 COMMENT_PREFIX = "pbs_power: "
+#: Hosts per kind of hold-back that get a debug line of their own each cycle.
+DEBUG_HOSTS_PER_GROUP = 20
 
 
 @dataclass(frozen=True)
@@ -211,12 +213,22 @@ class Cycle:
         self.store.record_steps([RampStep(now, host, -step if kind.is_down else step)])
 
     def _log_deferrals(self, the_plan: Plan) -> None:
-        """One info line per kind of hold-back, the hosts themselves at debug."""
-        groups: Dict[str, List[str]] = {}
+        """One info line per kind of hold-back; the first hosts of each at debug.
+
+        On a large idle cluster thousands of hosts may wait for a slot: a
+        line for each, every cycle, would flood the server log.
+        """
+        groups: Dict[str, List] = {}
+        keys: Dict[tuple, str] = {}
         for d in the_plan.deferred:
-            self.log("debug", "%s: %s held back: %s" % (d.host, d.kind.value, d.reason))
-            key = "%s held back: %s" % (d.kind.value, d.reason.split(";")[0])
-            groups.setdefault(key, []).append(d.host)
+            key = keys.get((d.kind, d.reason))
+            if key is None:
+                key = keys[(d.kind, d.reason)] = "%s held back: %s" % (
+                    d.kind.value, d.reason.split(";")[0])
+            group = groups.setdefault(key, [])
+            if len(group) < DEBUG_HOSTS_PER_GROUP:
+                self.log("debug", "%s: %s held back: %s" % (d.host, d.kind.value, d.reason))
+            group.append(d.host)
         for key, hosts in sorted(groups.items()):
             shown = ",".join(hosts[:8]) + (",..." if len(hosts) > 8 else "")
             self.log("info", "%d host(s) %s (%s)" % (len(hosts), key, shown))

@@ -77,6 +77,12 @@ class _Host:
         from then, so a host woken for the warm pool is not sent straight
         back down because its last job ended hours ago.
         """
+        if len(self.vnodes) == 1:             # the common case, kept cheap
+            v = self.vnodes[0]
+            used, changed = v.last_used_time, v.last_state_change_time
+            if used is None:
+                return changed
+            return used if changed is None or used > changed else changed
         times = [max(t for t in (v.last_used_time, v.last_state_change_time)
                      if t is not None)
                  for v in self.vnodes

@@ -57,7 +57,8 @@ def reconcile(snapshot: Snapshot, statuses: Mapping[str, Any],
     ``statuses`` maps host to an object with ``state`` (`PowerState`) and
     ``since`` (epoch or None), as the power backend reports it.
     """
-    hosts = hosts_of(snapshot.vnodes)
+    flying = {t.host for t in snapshot.transitions}
+    hosts = hosts_of([v for v in snapshot.vnodes if v.host in flying]) if flying else {}
     buckets = {name: [] for name in Reconciliation.__dataclass_fields__}
     for t in snapshot.transitions:
         vnodes = hosts.get(t.host)
