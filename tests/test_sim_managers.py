@@ -319,3 +319,34 @@ def test_cli_truncated_gzip_trace_and_plot(tmp_path, capsys):
     assert "skipped 1 malformed (line " in err and "compressed data ends or breaks here" in err
     assert "plot written to %s" % png in err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10000
+
+
+# -- skipping quiet cycles changes nothing ------------------------------------------
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
+    # Random bursty workloads and configs: the run that skips provably quiet
+    # cycles must start every job, switch every node and use the energy of
+    # the run that plans every cycle, to the last joule; and it must skip.
+    rng = random.Random(seed)
+    jobs, t = [], 0.0
+    for i in range(120):
+        t += rng.choice((30.0, 200.0, 900.0, 4000.0, 12000.0))
+        runtime = rng.uniform(60.0, 6000.0)
+        jobs.append(job("j%d" % i, t, rng.randint(1, 12), runtime,
+                        runtime * rng.uniform(1.0, 4.0)))
+    config = default_config(
+        node_idle_limit=rng.choice((300, 1800)), min_node_down_delay=rng.choice((0, 1800)),
+        min_idle_nodes=rng.choice((0, 2)), max_concurrent_nodes=rng.choice((3, 100)),
+        node_boot_time=rng.choice((60, 900)), cycle_interval=60,
+        max_ramp_watts_per_minute=rng.choice((None, 1000.0)), node_power=NodePower(),
+        power_ramp_rate_enable=seed % 2 == 0, power_on_off_enable=seed % 2 == 1)
+    runs = {}
+    for skip in (False, True):
+        manager = PbsPower(config, 60, skip_quiet=skip)
+        e = run(jobs, 16, manager)
+        runs[skip] = (e, manager)
+    (full, m_full), (fast, m_fast) = runs[False], runs[True]
+    assert fast.start == full.start and fast.log == full.log
+    assert fast.energy_j == pytest.approx(full.energy_j, rel=1e-12)
+    assert m_full.skipped == 0 and m_fast.skipped > m_fast.runs / 2

@@ -70,6 +70,9 @@ class Engine:
         self._new: List[int] = []
         self._shadow: Tuple[float, int] = (INF, 0)
         self.done = 0
+        #: Bumped by every change a power manager could see (node states,
+        #: marks, failures, arrivals); lets a manager know nothing moved.
+        self.version = 0
 
     def _jobs(self, jobs: Sequence[SimJob]) -> None:
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)
@@ -108,6 +111,7 @@ class Engine:
             self._advance(t)
             while ptr < total and submit[ptr] <= t:
                 self.queue.append(ptr)
+                self.version += 1
                 self._new.append(ptr)
                 ptr += 1
             cycles = []
@@ -166,6 +170,7 @@ class Engine:
                              c[BOOTING] + c[SHUTTING]))
 
     def _set(self, node: Node, state: int) -> None:
+        self.version += 1
         self.count[node.state] -= 1
         self.count[state] += 1
         node.state = state
@@ -324,6 +329,7 @@ class Engine:
     def fail(self, node: Node, t: float) -> None:
         """Take a node out of service for good (a boot that timed out)."""
         if not node.failed:
+            self.version += 1
             node.failed = True
             self.failed += 1
             self._from_pool(node)
@@ -335,6 +341,7 @@ class Engine:
         """Set or clear the PBS sleep mark (a marked node takes no new job)."""
         if node.marked == asleep:
             return
+        self.version += 1
         node.marked = asleep
         if asleep:
             self._from_pool(node)

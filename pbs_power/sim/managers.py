@@ -222,17 +222,28 @@ class SimBackend(PowerBackend):
 
 
 class PbsPower(Manager):
-    """Our own hook's cycle, fed the snapshot a PBS server would show."""
+    """Our own hook's cycle, fed the snapshot a PBS server would show.
+
+    A cycle that provably changes nothing is skipped (``skip_quiet``): after
+    a run that started, held back and marked nothing, with nothing in
+    flight, the runs that follow see the same snapshot until the cluster
+    changes, and the planner's answer can only change once some host's idle
+    time reaches node_idle_limit, a rest ends or a job's start comes within
+    the longest boot plus one cycle (`quiet_until`).
+    """
 
     name = "pbs-power"
 
-    def __init__(self, config: HookConfig, cycle: float, log=None):
+    def __init__(self, config: HookConfig, cycle: float, log=None, skip_quiet: bool = True):
         self.cfg = config
         self.cycle = float(cycle)
         self.sleep_mode = config.mode == MODE_RAMP_RATE
         self.store = MemoryStore()
         self.log = log or (lambda level, message: None)
         self._vnodes: Dict[int, tuple] = {}
+        self.skip_quiet = skip_quiet
+        self._quiet: Optional[tuple] = None     # (engine version, until)
+        self.runs = self.skipped = 0
 
     def attach(self, engine) -> None:
         super().attach(engine)
@@ -241,14 +252,54 @@ class PbsPower(Manager):
         engine.every(self.cycle, engine.submit[0] if engine.submit else 0.0)
 
     def on_cycle(self, now: float) -> None:
-        report = self.runner.run(self.snapshot(now), now)
         engine, by_name = self.engine, self.by_name
+        if self._quiet is not None:
+            version, until = self._quiet
+            if version == engine.version and now < until:
+                self.skipped += 1
+                return
+            self._quiet = None
+        self.runs += 1
+        report = self.runner.run(self.snapshot(now), now)
         for mark in report.marks:
             node = by_name[mark.host]
             if mark.offline:
                 engine.fail(node, now)
             if mark.sleep is not None:
                 engine.mark(node, mark.sleep)
+        if (self.skip_quiet and report.ran and not report.marks and not report.plan.actions
+                and not report.plan.deferred and not self.store.transitions()):
+            self._quiet = (engine.version, self.quiet_until(now))
+
+    def quiet_until(self, now: float) -> float:
+        """The first moment the planner could act on an unchanged cluster.
+
+        Conservative: an idle host reaching node_idle_limit, a rest ending,
+        a queued job entering the planner's horizon, or the earliest wake
+        any of a job's sleeping nodes could need (with the longest boot).
+        """
+        cfg, store, until = self.cfg, self.store, float("inf")
+        for node in self.engine.nodes:
+            if (node.state == IDLE and not node.marked and node.job is None
+                    and not node.failed and node.name not in cfg.excluded_hosts):
+                t = max(node.idle_since, node.changed) + cfg.node_idle_limit
+                if t > now:
+                    until = min(until, t)
+        for since in store.down_since().values():
+            if since + cfg.min_node_down_delay > now:
+                until = min(until, since + cfg.min_node_down_delay)
+        longest = max([cfg.node_boot_time, cfg.node_wake_time]
+                      + [secs for per in store.duration_estimates().values()
+                         for secs in per.values()]
+                      + [v for v in (store.fleet_duration_estimate(k) for k in TransitionKind)
+                         if v is not None])
+        horizon = 2 * longest + cfg.min_node_down_delay + 2 * cfg.cycle_interval
+        for _j, start, nodes in self.engine.estimates(now):
+            if start - horizon > now:
+                until = min(until, start - horizon)
+            elif any(n.marked or n.state in (DOWN, SHUTTING, BOOTING) for n in nodes):
+                until = min(until, start - longest - cfg.cycle_interval)
+        return until
 
     def snapshot(self, now: float) -> Snapshot:
         """Vnodes the planner can act on (busy hosts change nothing), and the calendar."""
