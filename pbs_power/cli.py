@@ -22,6 +22,7 @@ SUBCOMMANDS: List[str] = [
     "pbs_power.cli_devices",
     "pbs_power.cli_node",
     "pbs_power.cli_allocator",
+    "pbs_power.cli_slurm",
 ]
 
 DESCRIPTION = (

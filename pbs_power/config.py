@@ -46,6 +46,8 @@ class JobPolicies:
     strict: bool = False
     allow_reprovision: bool = False
     queue_defaults: Mapping[str, str] = field(default_factory=dict)
+    #: Slurm partition -> policy for jobs that ask for none (PrologSlurmctld).
+    partition_defaults: Mapping[str, str] = field(default_factory=dict)
     eoe_policies: Mapping[str, str] = field(default_factory=dict)
     device_options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -73,6 +75,8 @@ class HookConfig:
     node_power_overrides: Tuple[Tuple[str, NodePower], ...] = ()
     power_backend: BackendConfig = field(default_factory=BackendConfig)
     state_dir: str = "/var/spool/pbs_power"
+    #: File the Slurm programs log to besides syslog (None: syslog only).
+    slurm_log_file: Optional[str] = None
     python_path: Tuple[str, ...] = ()
     job_policies: JobPolicies = field(default_factory=JobPolicies)
     log_level: str = "info"
@@ -228,6 +232,8 @@ def _build(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) ->
         values["max_ramp_watts_per_minute"] = float(ok["max_ramp_watts_per_minute"])
     if "state_dir" in ok:
         values["state_dir"] = _absolute(ok["state_dir"], ("state_dir",), problems)
+    if ok.get("slurm_log_file") is not None:
+        values["slurm_log_file"] = _absolute(ok["slurm_log_file"], ("slurm_log_file",), problems)
     paths = doc.get("python_path")
     if isinstance(paths, (str, list)):
         paths = [paths] if isinstance(paths, str) else paths

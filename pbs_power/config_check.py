@@ -250,6 +250,8 @@ def _explain(err: Any, parts: Parts) -> List[ConfigProblem]:
     elif kind == "enum":
         text = "%s must be one of %s, got %s%s" % (
             name, ", ".join(repr(w) for w in want), describe(got), did_you_mean(got, want))
+    elif kind == "pattern" and err.schema.get("x-expected"):
+        text = "%s: %s is not %s" % (name, describe(got), err.schema["x-expected"])
     elif kind == "required":
         missing = [k for k in want if k not in got]
         text = "%s needs the key %s" % (name, ", ".join(repr(k) for k in missing))

@@ -13,9 +13,23 @@ command -v ipmi_sim >/dev/null || need_apt+=(openipmi)
 command -v ipmitool >/dev/null || need_apt+=(ipmitool)
 command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
 [ -f /usr/include/OpenIPMI/mcserv.h ] || need_apt+=(libopenipmi-dev)
+# SPANK plugin (slurm_spank/power_policy.c) is built against <slurm/spank.h>.
+[ -f /usr/include/slurm/spank.h ] || need_apt+=(libslurm-dev)
+# Slurm tests: a real Slurm cluster on localhost (tests/slurm_cluster.py).
+for p in slurmctld slurmd slurm-client munge; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need_apt+=("$p")
+done
 if [ "${#need_apt[@]}" -gt 0 ]; then
     apt-get update -q
+    # keep package scripts from starting system-wide daemons (munged, slurmctld, slurmd)
+    made_policy=0
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod 755 /usr/sbin/policy-rc.d
+        made_policy=1
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+    if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv

@@ -249,8 +249,12 @@ def free_hosts_of_ended_jobs(pbs, service, hosts: Sequence[str], own: str,
 
 
 def start_job_group(service, job_id: str, hosts: Sequence[str], policy: Optional[str], why: str,
-                    job_policies, say: LogFn) -> Outcome:
-    """Delete a stale ``rg_<jobid>``, then create, fill and activate it; all or nothing."""
+                    job_policies, say: LogFn, refusal: str = "run request rejected") -> Outcome:
+    """Delete a stale ``rg_<jobid>``, then create, fill and activate it; all or nothing.
+
+    ``refusal`` ends the log line of a refused activation: what the scheduler
+    does with the job (PBS keeps it queued, Slurm requeues or cancels it).
+    """
     name = group_name(job_id)
     resp = service.delete(name)
     if resp.status.ok:
@@ -280,7 +284,7 @@ def start_job_group(service, job_id: str, hosts: Sequence[str], policy: Optional
     if job_policies.fail_open:
         say("warning", "%s (%s); fail_open: started without a resource group" % (reason, why))
         return Outcome(True)
-    say("warning", "%s (%s); run request rejected" % (reason, why))
+    say("warning", "%s (%s); %s" % (reason, why, refusal))
     return Outcome(False, "pbs_power: " + reason)
 
 

@@ -1,0 +1,109 @@
+"""The process environment slurmctld gives its programs, made safe to work in.
+
+slurmctld starts SuspendProgram, ResumeProgram, PrologSlurmctld and
+EpilogSlurmctld with fds 0-2 closed (so ``sys.stdout`` is None and the first
+file opened would land on fd 0), no PATH (the prologs get no SLURM_CONF
+either) and the signal mask of a slurmctld thread (HUP INT QUIT ABRT USR1
+USR2 PIPE ALRM TERM TSTP XCPU blocked), which every child inherits: a daemon
+started from there would ignore SIGTERM. `prepare_program_env` undoes that;
+`program_logger` logs one line per event to syslog and, if the hook config
+names one, to ``slurm_log_file``.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import logging.handlers
+import os
+import signal
+import sys
+from typing import Any, Mapping, Optional
+
+#: PATH given to child processes when slurmctld gave none.
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#: Where the Slurm programs read the hook config unless $PBS_POWER_CONFIG says otherwise.
+DEFAULT_CONFIG = "/etc/pbs_power.json"
+CONFIG_ENV = "PBS_POWER_CONFIG"
+SYSLOG_SOCKET = "/dev/log"
+LOG_FORMAT = "%(asctime)s %(name)s[%(process)d]: %(levelname)s %(message)s"
+
+
+def prepare_program_env() -> None:
+    """Reopen closed fds 0-2 on /dev/null, unblock signals, set a PATH if missing.
+
+    Call it first thing in a program slurmctld starts, before opening any file.
+    """
+    for fd in (0, 1, 2):
+        if not _fd_open(fd):
+            new = os.open(os.devnull, os.O_RDWR)
+            if new != fd:  # a lower fd was closed too and got it: move it into place
+                os.dup2(new, fd)
+                os.close(new)
+    if sys.stdin is None:
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    if sys.stdout is None:
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+    if sys.stderr is None:
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if not os.environ.get("PATH"):
+        os.environ["PATH"] = SAFE_PATH
+
+
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def config_path(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The hook config file: ``$PBS_POWER_CONFIG``, else /etc/pbs_power.json."""
+    env = os.environ if environ is None else environ
+    return env.get(CONFIG_ENV) or DEFAULT_CONFIG
+
+
+def program_logger(name: str, config: Any = None) -> logging.Logger:
+    """A logger writing one line per event to syslog (/dev/log) and ``slurm_log_file``.
+
+    ``config`` is a HookConfig (or None when it could not be loaded: syslog
+    only, or stderr when there is no syslog socket either). Calling it again
+    for the same name replaces the handlers rather than adding more.
+    """
+    logger = logging.getLogger("pbs_power." + name)
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+        handler.close()
+    logger.propagate = False
+    level = getattr(config, "log_level", "info") or "info"
+    logger.setLevel(getattr(logging, str(level).upper(), logging.INFO))
+    if os.path.exists(SYSLOG_SOCKET):
+        try:
+            syslog = logging.handlers.SysLogHandler(
+                address=SYSLOG_SOCKET, facility=logging.handlers.SysLogHandler.LOG_DAEMON)
+            syslog.setFormatter(logging.Formatter(
+                "pbs-power-%s[%%(process)d]: %%(levelname)s %%(message)s" % name))
+            logger.addHandler(syslog)
+        except OSError:
+            pass
+    log_file = getattr(config, "slurm_log_file", None)
+    if log_file:
+        try:
+            handler = logging.FileHandler(log_file, encoding="utf-8")
+        except OSError as exc:
+            logger.addHandler(_stderr_handler())
+            logger.error("cannot open slurm_log_file %s: %s", log_file, exc.strerror or exc)
+        else:
+            handler.setFormatter(logging.Formatter(LOG_FORMAT.replace("%(name)s", name)))
+            logger.addHandler(handler)
+    if not logger.handlers:
+        logger.addHandler(_stderr_handler())
+    return logger
+
+
+def _stderr_handler() -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    return handler
