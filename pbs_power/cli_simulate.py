@@ -25,24 +25,32 @@ def add_parser(subparsers: Any) -> None:
                     "backfilling on requested walltimes; per-node boot times) once per "
                     "power manager, and compare energy and job waits against always-on. "
                     "Without --trace, a two-week window of the KTH-SP2 trace bundled with "
-                    "the package is used. Managers: " + MANAGER_HELP + ".")
-    p.add_argument("--trace", metavar="FILE", help="SWF trace (default: the bundled KTH-SP2 window)")
+                    "the package is used. A .csv or .csv.gz trace is read as a GPU-cluster "
+                    "pod list (Alibaba cluster-trace-gpu-v2023 columns; one pod = one "
+                    "whole-node job; cluster size from the node_list_all_node CSV next to "
+                    "it): use --node-type gpu with it. Managers: " + MANAGER_HELP + ".")
+    p.add_argument("--trace", metavar="FILE",
+                   help="SWF trace, or a .csv/.csv.gz GPU pod list (default: the bundled "
+                        "KTH-SP2 window)")
     p.add_argument("--managers", default="always-on,pbs-power,slurm,openpbs",
                    help="comma-separated managers to compare (always-on always runs)")
     p.add_argument("--config", metavar="HOOKCONFIG",
                    help="hook config whose limits pbs-power, slurm and openpbs use "
                         "(default: the shipped defaults with power_on_off_enable)")
-    p.add_argument("--nodes", type=int, help="simulated nodes (default: the trace's MaxNodes)")
+    p.add_argument("--nodes", type=int, help="simulated nodes (default: the trace's MaxNodes, "
+                                               "or the pod list's node list)")
     p.add_argument("--cores-per-node", type=int,
                    help="processors per node, to turn a job's processors into nodes "
-                        "(default: MaxProcs / MaxNodes, rounded up)")
+                        "(default: MaxProcs / MaxNodes, rounded up); GPUs per node for a "
+                        "pod list (default: the node list's most common, else 8)")
     p.add_argument("--window", metavar="START:END",
                    help="only jobs submitted in this window of the trace, e.g. 30d:60d, 0:86400")
     p.add_argument("--cycle", type=int,
                    help="seconds between periodic hook runs (default: the config's "
                         "cycle_interval); also what the planner is told")
     p.add_argument("--node-type", choices=("cpu", "gpu"), default="cpu",
-                   help="watts and boot times of a typical CPU or 4-GPU node (cpu)")
+                   help="watts and boot times of a typical CPU or 4-GPU node (cpu; "
+                        "use gpu for a GPU pod list)")
     p.add_argument("--seed", type=int, default=1, help="seed for per-node boot times (1)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table")
     p.add_argument("--plot", metavar="OUT.png",
@@ -72,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
     if not jobs:
         return _fail("%s: no jobs to simulate" % trace.report.summary())
     print(trace.report.summary(), file=sys.stderr)
-    print("simulating %s jobs on %d nodes (%d processors per node), managers: %s"
-          % (format(len(jobs), ","), nodes, per_node, ", ".join(managers)), file=sys.stderr)
+    print("simulating %s jobs on %d nodes (%d %s per node), managers: %s"
+          % (format(len(jobs), ","), nodes, per_node, _unit(trace), ", ".join(managers)),
+          file=sys.stderr)
     cycle = args.cycle or config.cycle_interval
     result = simulate(jobs, nodes, model, config, managers, cycle=cycle,
                       seed=args.seed, progress=_progress_bar())
@@ -93,24 +102,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _workload(args: argparse.Namespace):
+    from pbs_power.sim.pods import is_pod_csv, read_pods
     from pbs_power.sim.swf import parse_window, read_sample, read_swf
     if args.trace:
         window = parse_window(args.window) if args.window else None
-        trace = read_swf(args.trace, window=window)
+        reader = read_pods if is_pod_csv(args.trace) else read_swf
+        trace = reader(args.trace, window=window)
     elif args.window:
         raise ValueError("--window needs --trace (the bundled sample is already a window)")
     else:
         trace = read_sample()
     header = trace.header
     nodes = args.nodes or header.max_nodes
+    pods = _unit(trace) == "GPUs"
     if not nodes or nodes < 1:
-        raise ValueError("%s has no MaxNodes header: give --nodes" % trace.name)
+        raise ValueError("%s has no %s: give --nodes" % (
+            trace.name, "node list next to it" if pods else "MaxNodes header"))
     per_node = args.cores_per_node
-    if per_node is None:
+    if per_node is None and pods:
+        per_node = header.gpus_per_node
+    elif per_node is None:
         per_node = -(-header.max_procs // nodes) if header.max_procs else 1
     if per_node < 1:
         raise ValueError("--cores-per-node must be >= 1")
     return trace, trace.sim_jobs(cores_per_node=per_node, nodes=nodes), nodes, per_node
+
+
+def _unit(trace) -> str:
+    """What a job's width counts: GPUs for a pod list, processors for SWF."""
+    from pbs_power.sim.pods import PodTrace
+    return "GPUs" if isinstance(trace, PodTrace) else "processors"
 
 
 def _config(path: Optional[str]):

@@ -114,18 +114,22 @@ class ReadReport:
 
     def summary(self) -> str:
         """One line: jobs kept, then each non-empty class of skipped lines."""
-        skipped = []
-        for count, what in ((self.dropped_never_ran, "never ran"),
-                            (self.dropped_no_procs, "without processors"),
-                            (self.dropped_out_of_window, "outside the window"),
-                            (self.malformed, "malformed")):
-            if count:
-                skipped.append("%s %s" % (format(count, ","), what))
-        if self.malformed and self.first_malformed:
-            skipped[-1] += " (%s%s)" % (self.first_malformed[0],
-                                        ", ..." if self.malformed > 1 else "")
         head = "%s: %s jobs" % (self.source or "trace", format(self.jobs, ","))
-        return head + ("; skipped " + ", ".join(skipped) if skipped else "; nothing skipped")
+        return summary_line(head, ((self.dropped_never_ran, "never ran"),
+                                   (self.dropped_no_procs, "without processors"),
+                                   (self.dropped_out_of_window, "outside the window")),
+                            self.malformed, self.first_malformed)
+
+
+def summary_line(head: str, dropped: Iterable[Tuple[int, str]], malformed: int,
+                 first_malformed: Sequence[str]) -> str:
+    """``head``, then each non-empty class of skipped records and the first bad one."""
+    skipped = ["%s %s" % (format(count, ","), what) for count, what in dropped if count]
+    if malformed:
+        example = (" (%s%s)" % (first_malformed[0], ", ..." if malformed > 1 else "")
+                   if first_malformed else "")
+        skipped.append("%s malformed%s" % (format(malformed, ","), example))
+    return head + ("; skipped " + ", ".join(skipped) if skipped else "; nothing skipped")
 
 
 @dataclass(frozen=True)
@@ -151,18 +155,24 @@ class Trace:
         """
         if cores_per_node < 1:
             raise ValueError("cores_per_node must be >= 1, got %r" % (cores_per_node,))
-        cap = nodes if nodes is not None else self.header.max_nodes
-        if cap is not None and cap < 1:
-            raise ValueError("nodes must be >= 1, got %r" % (cap,))
+        cap = node_cap(nodes, self.header.max_nodes)
         out = []
         for job in self.jobs:
-            width = -(-job.procs // cores_per_node)
-            if cap is not None and width > cap:
-                width = cap
+            width = min(-(-job.procs // cores_per_node), cap)
             runtime = max(1.0, job.run_time)
             walltime = max(runtime, job.requested_time or 0.0)
             out.append(SimJob(str(job.job_id), start + job.submit, width, runtime, walltime))
         return out
+
+
+def node_cap(nodes: Optional[int], default: Optional[int]) -> float:
+    """The widest job a replay allows: ``nodes``, else ``default``, else no cap."""
+    cap = nodes if nodes is not None else default
+    if cap is None:
+        return math.inf
+    if cap < 1:
+        raise ValueError("nodes must be >= 1, got %r" % (cap,))
+    return cap
 
 
 def parse_window(text: str) -> Tuple[float, float]:
