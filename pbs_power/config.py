@@ -61,7 +61,7 @@ class HookConfig:
     node_idle_limit: int = 1800
     min_node_down_delay: int = 1800
     max_jobs_analyze_limit: Optional[int] = None
-    max_concurrent_nodes: int = 100
+    max_concurrent_nodes: int = 300
     node_boot_time: int = 900
     node_wake_time: int = 60
     boot_timeout: int = 1800
