@@ -9,13 +9,14 @@ store's cycle lock (a run that finds it taken does nothing).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .config import HookConfig
 from .model import (Phase, Plan, PowerState, RampStep, Snapshot, Transition,
                     TransitionKind)
-from .planner import FLEET, RAMP_WINDOW, plan
+from .planner import FLEET, RAMP_WINDOW, needed_back, plan
 from .transitions import Outcome, apply_marks, reconcile
 
 #: ``log(level, message)``; levels: debug, info, warning, error.
@@ -114,7 +115,28 @@ class Cycle:
             self._complete(o, now, report)
         for o in rec.timed_out:
             self._fail(o, now, report)
-        self._send_down(rec.send_down, now, report)
+        self._send_down(self._still_unneeded(snapshot, rec.send_down, now, report),
+                        now, report)
+
+    def _still_unneeded(self, snapshot: Snapshot, ready: Sequence[Outcome], now: float,
+                        report: CycleReport) -> List[Outcome]:
+        """Drained hosts that may still go down; those work now needs are handed back.
+
+        A job may have been queued for a host since its drain began; powering
+        it off would only make that job wait for a boot.
+        """
+        if not ready:
+            return []
+        snap = replace(snapshot, boot_times=self._boot_times())
+        needed = needed_back(snap, self.config, now, [o.transition.host for o in ready])
+        for o in ready:
+            need = needed.get(o.transition.host)
+            if need is not None:
+                self.store.drop_transition(o.transition.host)
+                report.marks.append(Mark(o.transition.host, sleep=False))
+                self.log("info", "%s: drain cancelled: %s needs it at %s; handed back"
+                         % (o.transition.host, need.what, _clock(need.at)))
+        return [o for o in ready if o.transition.host not in needed]
 
     def _finish(self, o: Outcome, report: CycleReport, level: str, fmt: str) -> None:
         self.store.drop_transition(o.transition.host)
@@ -161,15 +183,19 @@ class Cycle:
                          % (t.host, kind.value, diag))
 
     # -- new transitions ---------------------------------------------------
-    def _with_history(self, snapshot: Snapshot, report: CycleReport,
-                      now: float) -> Snapshot:
+    def _boot_times(self) -> Dict[str, Dict[str, float]]:
+        """Measured durations per host and kind, plus the fleet's under FLEET."""
         estimates = dict(self.store.duration_estimates())
         fleet = {k.value: self.store.fleet_duration_estimate(k) for k in TransitionKind}
         estimates[FLEET] = {k: v for k, v in fleet.items() if v is not None}
+        return estimates
+
+    def _with_history(self, snapshot: Snapshot, report: CycleReport,
+                      now: float) -> Snapshot:
         offline = [m.host for m in report.marks if m.offline]
         snapshot = apply_marks(snapshot, report.marked(True), report.marked(False), offline)
         return replace(snapshot, transitions=self.store.transitions(),
-                       boot_times=estimates, down_since=self.store.down_since(),
+                       boot_times=self._boot_times(), down_since=self.store.down_since(),
                        recent_steps=self.store.recent_steps(now - RAMP_WINDOW))
 
     def _start(self, the_plan: Plan, now: float, report: CycleReport) -> None:
@@ -232,6 +258,10 @@ class Cycle:
         for key, hosts in sorted(groups.items()):
             shown = ",".join(hosts[:8]) + (",..." if len(hosts) > 8 else "")
             self.log("info", "%d host(s) %s (%s)" % (len(hosts), key, shown))
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
 
 
 def _up_kind(planned: TransitionKind, power) -> TransitionKind:

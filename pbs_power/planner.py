@@ -27,7 +27,7 @@ those it held back and why. The rules, in the words an admin would use:
 from __future__ import annotations
 
 import time as _time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple, Union
 
 from .config import MODE_DISABLED, MODE_RAMP_RATE, HookConfig
@@ -92,6 +92,30 @@ class _Host:
         return max(times)
 
 
+def lead_time(snap: Snapshot, cfg: HookConfig, host: str, kind: TransitionKind) -> float:
+    """Seconds ``host`` takes to complete ``kind``: measured, fleet, default."""
+    for key in (host, FLEET):
+        measured = snap.boot_times.get(key, {}).get(kind.value)
+        if measured is not None:
+            return float(measured)
+    if kind is TransitionKind.POWER_ON:
+        return float(cfg.node_boot_time)
+    if kind is TransitionKind.WAKE:
+        return float(cfg.node_wake_time)
+    return 0.0
+
+
+def needed_back(snapshot: Snapshot, config: HookConfig, now: float,
+                hosts: List[str]) -> Dict[str, Need]:
+    """Of ``hosts`` (drained, about to go down), those work needs before they
+    could go down, rest and be back: the rule that keeps an idle host up,
+    applied once more as the power command is about to be sent."""
+    ctx = _Context(replace(snapshot, vnodes=tuple(v for v in snapshot.vnodes
+                                                  if v.host in set(hosts))),
+                   config, now, watch_all=True)
+    return {h: need for h, need in ctx.needs.items() if need.at <= ctx.back_by(h)}
+
+
 def plan(snapshot: Snapshot, config: HookConfig, now: float) -> Plan:
     """Return the transitions to start at ``now``; see the module docstring."""
     ctx = _Context(snapshot, config, now)
@@ -105,12 +129,14 @@ def plan(snapshot: Snapshot, config: HookConfig, now: float) -> Plan:
 class _Context:
     """One planning pass: the snapshot indexed for the rules above."""
 
-    def __init__(self, snapshot: Snapshot, config: HookConfig, now: float):
+    def __init__(self, snapshot: Snapshot, config: HookConfig, now: float,
+                 watch_all: bool = False):
         self.snap = snapshot
         self.cfg = config
         self.now = now
         self.hosts = {h: _Host(h, vs) for h, vs in hosts_of(snapshot.vnodes).items()}
-        self.in_flight = {t.host: t for t in snapshot.transitions}
+        self.in_flight = {} if watch_all else {t.host: t for t in snapshot.transitions}
+        self.watch_all = watch_all
         self.up_kind = (TransitionKind.WAKE if config.mode == MODE_RAMP_RATE
                         else TransitionKind.POWER_ON)
         self.down_kind = self.up_kind.reverse
@@ -123,15 +149,12 @@ class _Context:
     # -- estimates ---------------------------------------------------------
     def lead_time(self, host: str, kind: TransitionKind) -> float:
         """Seconds ``host`` takes to complete ``kind``: measured, fleet, default."""
-        for key in (host, FLEET):
-            measured = self.snap.boot_times.get(key, {}).get(kind.value)
-            if measured is not None:
-                return float(measured)
-        if kind is TransitionKind.POWER_ON:
-            return float(self.cfg.node_boot_time)
-        if kind is TransitionKind.WAKE:
-            return float(self.cfg.node_wake_time)
-        return 0.0
+        return lead_time(self.snap, self.cfg, host, kind)
+
+    def back_by(self, host: str) -> float:
+        """When ``host`` could be up again if it went down now and rested."""
+        return (self.now + self.cfg.cycle_interval + self.lead_time(host, self.down_kind)
+                + self.cfg.min_node_down_delay + self.lead_time(host, self.up_kind))
 
     def _horizon(self) -> float:
         """Work starting later than this cannot affect this cycle's decisions."""
@@ -150,7 +173,7 @@ class _Context:
         """
         horizon = self._horizon()
         watched = {v.name: h.name for h in self.hosts.values()
-                   if (h.asleep or h.idle) and h.name not in self.in_flight
+                   if self.watch_all or ((h.asleep or h.idle) and h.name not in self.in_flight)
                    for v in h.vnodes}
         work = [(max(r.start, self.now), "reservation " + r.id, r.vnodes)
                 for r in self.snap.reservations
@@ -292,13 +315,8 @@ class _Context:
         if idle_for < self.cfg.node_idle_limit:
             return None
         need = self.needs.get(name)
-        if need is not None:
-            back_by = (self.now + self.cfg.cycle_interval
-                       + self.lead_time(name, self.down_kind)
-                       + self.cfg.min_node_down_delay
-                       + self.lead_time(name, self.up_kind))
-            if need.at <= back_by:
-                return None
+        if need is not None and need.at <= self.back_by(name):
+            return None
         return idle_for
 
     # -- limits ------------------------------------------------------------
@@ -368,4 +386,4 @@ def _clock(epoch: float) -> str:
     return _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(epoch))
 
 
-__all__ = ["plan", "Need"]
+__all__ = ["plan", "needed_back", "lead_time", "Need"]

@@ -168,3 +168,29 @@ def test_failed_host_is_forgotten_once_an_admin_clears_offline(rig):
     run(cycle, cluster, T0)
     assert "n3" not in store.failed()
     assert ("info", "n3: back in service (offline cleared)") in logs
+
+
+def test_drained_host_a_job_now_needs_is_handed_back_not_powered_off(rig):
+    cfg, cycle, cluster, store, logs = rig()
+    run(cycle, cluster, T0)                       # all four drained (sleep mark)
+    # A 4-host job arrives: the calendar puts it on the drained hosts, now.
+    job = SimJob("8.sim", T0 + 100, 4, 600, 900)
+    cluster.step(T0 + 100, [job])
+    report = cycle.run(cluster.snapshot(T0 + 300), T0 + 300)
+    assert sorted(report.marked(False)) == ["n1", "n2", "n3", "n4"]
+    assert store.transitions() == ()
+    assert not any("power_off sent" in m for _, m in logs)
+    assert any(m.startswith("n1: drain cancelled: job 8.sim needs it at ") for _, m in logs)
+
+
+def test_drained_host_needed_only_later_still_goes_down(rig):
+    # The job needs the hosts in 3 hours: later than a power-off, the rest
+    # and a 900 s boot, so the drain goes on.
+    cfg, cycle, cluster, store, logs = rig()
+    run(cycle, cluster, T0)
+    snap = cluster.snapshot(T0 + 300)
+    from pbs_power.model import QueuedJob
+    later = replace(snap, queued_jobs=(QueuedJob("9.sim", T0 + 300 + 3 * 3600,
+                                                 ("n1", "n2")),))
+    cycle.run(later, T0 + 300)
+    assert {t.phase for t in store.transitions()} == {Phase.POWERING_DOWN}
