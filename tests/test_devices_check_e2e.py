@@ -19,8 +19,8 @@ from typing import Any, Dict, List
 import pytest
 import requests
 
-from emulators.ipmi_sim import (PASSWORD, USERNAME, SimBmc, SimFleet, build_dcmi_plugin,
-                                free_udp_port, require_tools, write_credentials)
+from emulators.ipmi_sim import (PASSWORD, USERNAME, SimBmc, free_udp_port,
+                                write_credentials)
 from emulators.redfish_emulator import RedfishEmulator, free_port, make_tls, systems_for
 from pbs_power.cli import main
 from pbs_power.cli_devices import COLUMNS
@@ -29,19 +29,6 @@ from pbs_power.topology import parse_topology
 
 USERS = {"admin": "rf-s3cret"}
 NODE = {"min_watts": 100, "idle_watts": 150, "max_watts": 1000}
-
-
-@pytest.fixture(scope="module")
-def dcmi_plugin(tmp_path_factory):
-    require_tools()
-    return build_dcmi_plugin(tmp_path_factory.mktemp("ipmi_sim_dcmi"))
-
-
-@pytest.fixture
-def sims(tmp_path, dcmi_plugin):
-    fleet = SimFleet(tmp_path / "bmcs", dcmi_plugin)
-    yield fleet
-    fleet.stop()
 
 
 @pytest.fixture

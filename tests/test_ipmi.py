@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from emulators.ipmi_sim import (PASSWORD, SimFleet, build_dcmi_plugin,
-                                free_udp_port, require_tools, write_credentials)
+from emulators.ipmi_sim import PASSWORD, SimFleet, free_udp_port, write_credentials
 from pbs_power.config import BackendConfig, ConfigError, HookConfig, NodePower, parse_config
 from pbs_power.cycle import Cycle
 from pbs_power.devices import BackendError, get_backend
@@ -33,19 +32,6 @@ from pbs_power.store import Store
 ON, OFF, UNKNOWN = PowerState.ON, PowerState.OFF, PowerState.UNKNOWN
 NODE = {"min_watts": 100, "idle_watts": 150, "max_watts": 1000}
 T0 = 1_800_000_000.0
-
-
-@pytest.fixture(scope="session")
-def dcmi_plugin(tmp_path_factory):
-    require_tools()
-    return build_dcmi_plugin(tmp_path_factory.mktemp("ipmi_sim_dcmi"))
-
-
-@pytest.fixture
-def sims(tmp_path, dcmi_plugin):
-    fleet = SimFleet(tmp_path / "bmcs", dcmi_plugin)
-    yield fleet
-    fleet.stop()
 
 
 @pytest.fixture
