@@ -3,3 +3,20 @@
 Thin entry points over the library (`pbs_power.slurm_power`, `pbs_power.slurm_jobs`);
 the SPANK plugin `power_policy.c` adds the ``--power-policy`` job option.
 """
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional, Sequence
+
+
+def run_power_program(kind: str, argv: Optional[Sequence[str]] = None) -> int:
+    """Run the Suspend/Resume/ResumeFailProgram ``kind``; returns its exit status.
+
+    slurmctld runs these with the hostlist in argv[1], fds 0-2 closed, no
+    PATH and signals blocked: the environment is made safe first.
+    """
+    from pbs_power.slurm_env import prepare_program_env
+    prepare_program_env()
+    from pbs_power.slurm_power import program_main
+    return program_main(kind, list(sys.argv if argv is None else argv), os.environ)

@@ -1,21 +1,18 @@
 """Slurm's ResumeFailProgram: ``ResumeFailProgram=/path/to/pbs-power-slurm-resume-fail`` in slurm.conf.
 
-slurmctld runs it with the hostlist in argv[1], fds 0-2 closed, no PATH and
-signals blocked; the work is in `pbs_power.slurm_power`.
+The work is in `pbs_power.slurm_power`; see `slurm_spank.run_power_program`.
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Optional, Sequence
+
+from slurm_spank import run_power_program
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ResumeFailProgram; returns its exit status."""
-    from pbs_power.slurm_env import prepare_program_env
-    prepare_program_env()
-    from pbs_power.slurm_power import program_main
-    return program_main("resume-fail", list(sys.argv if argv is None else argv), os.environ)
+    return run_power_program("resume-fail", argv)
 
 
 if __name__ == "__main__":
