@@ -127,7 +127,9 @@ class AllocatorService:
 
     def _remote(self, cid: str, notes: List[str]) -> Dict[str, Any]:
         """A cluster only the registry knows, with the metrics service's metrics."""
-        assert self.remote_registry is not None
+        if self.remote_registry is None:
+            raise AllocatorError(UNKNOWN_CLUSTER, "cluster %s: not held here and no cluster "
+                                 "registry is configured" % cid)
         ok, data = self.remote_registry.read_cluster(cid)
         if not ok or not isinstance(data, dict):
             raise AllocatorError(UNKNOWN_CLUSTER, "cluster %s: not held here and the cluster "
