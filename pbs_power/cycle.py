@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .config import HookConfig
 from .model import (Phase, Plan, PowerState, RampStep, Snapshot, Transition,
@@ -184,11 +184,7 @@ class Cycle:
 
     # -- new transitions ---------------------------------------------------
     def _boot_times(self) -> Dict[str, Dict[str, float]]:
-        """Measured durations per host and kind, plus the fleet's under FLEET."""
-        estimates = dict(self.store.duration_estimates())
-        fleet = {k.value: self.store.fleet_duration_estimate(k) for k in TransitionKind}
-        estimates[FLEET] = {k: v for k, v in fleet.items() if v is not None}
-        return estimates
+        return boot_times(self.store)
 
     def _with_history(self, snapshot: Snapshot, report: CycleReport,
                       now: float) -> Snapshot:
@@ -239,25 +235,41 @@ class Cycle:
         self.store.record_steps([RampStep(now, host, -step if kind.is_down else step)])
 
     def _log_deferrals(self, the_plan: Plan) -> None:
-        """One info line per kind of hold-back; the first hosts of each at debug.
+        for level, message in deferral_lines(the_plan):
+            self.log(level, message)
 
-        On a large idle cluster thousands of hosts may wait for a slot: a
-        line for each, every cycle, would flood the server log.
-        """
-        groups: Dict[str, List] = {}
-        keys: Dict[tuple, str] = {}
-        for d in the_plan.deferred:
-            key = keys.get((d.kind, d.reason))
-            if key is None:
-                key = keys[(d.kind, d.reason)] = "%s held back: %s" % (
-                    d.kind.value, d.reason.split(";")[0])
-            group = groups.setdefault(key, [])
-            if len(group) < DEBUG_HOSTS_PER_GROUP:
-                self.log("debug", "%s: %s held back: %s" % (d.host, d.kind.value, d.reason))
-            group.append(d.host)
-        for key, hosts in sorted(groups.items()):
-            shown = ",".join(hosts[:8]) + (",..." if len(hosts) > 8 else "")
-            self.log("info", "%d host(s) %s (%s)" % (len(hosts), key, shown))
+
+def boot_times(store) -> Dict[str, Dict[str, float]]:
+    """The store's measured durations per host and kind, the fleet's under FLEET."""
+    estimates = dict(store.duration_estimates())
+    fleet = {k.value: store.fleet_duration_estimate(k) for k in TransitionKind}
+    estimates[FLEET] = {k: v for k, v in fleet.items() if v is not None}
+    return estimates
+
+
+def deferral_lines(the_plan: Plan) -> List[Tuple[str, str]]:
+    """(level, message): one info line per kind of hold-back; the first hosts
+    of each at debug.
+
+    On a large idle cluster thousands of hosts may wait for a slot: a line
+    for each, every cycle, would flood the log.
+    """
+    lines: List[Tuple[str, str]] = []
+    groups: Dict[str, List] = {}
+    keys: Dict[tuple, str] = {}
+    for d in the_plan.deferred:
+        key = keys.get((d.kind, d.reason))
+        if key is None:
+            key = keys[(d.kind, d.reason)] = "%s held back: %s" % (
+                d.kind.value, d.reason.split(";")[0])
+        group = groups.setdefault(key, [])
+        if len(group) < DEBUG_HOSTS_PER_GROUP:
+            lines.append(("debug", "%s: %s held back: %s" % (d.host, d.kind.value, d.reason)))
+        group.append(d.host)
+    for key, hosts in sorted(groups.items()):
+        shown = ",".join(hosts[:8]) + (",..." if len(hosts) > 8 else "")
+        lines.append(("info", "%d host(s) %s (%s)" % (len(hosts), key, shown)))
+    return lines
 
 
 def _clock(epoch: float) -> str:

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 from .config import HookConfig
+from .cycle import boot_times, deferral_lines
 from .model import Phase, Plan, Snapshot, Transition, TransitionKind
-from .planner import FLEET, RAMP_WINDOW, plan
+from .planner import RAMP_WINDOW, plan
 from .schedulers.slurm import (COMING_UP_FLAGS, SlurmClient, SlurmError, SlurmView,
                                read_view)
 from .slurm_power import failed_hosts_back, forget_stale
@@ -63,11 +64,8 @@ def slurm_in_flight(view: SlurmView, known: Tuple[Transition, ...],
 def with_history(snapshot: Snapshot, store, view: SlurmView, now: float) -> Snapshot:
     """The snapshot plus the store's transitions, boot times, down times and power steps."""
     known = store.transitions()
-    estimates = dict(store.duration_estimates())
-    fleet = {k.value: store.fleet_duration_estimate(k) for k in TransitionKind}
-    estimates[FLEET] = {k: v for k, v in fleet.items() if v is not None}
     return replace(snapshot, transitions=known + slurm_in_flight(view, known, now),
-                   boot_times=estimates, down_since=store.down_since(),
+                   boot_times=boot_times(store), down_since=store.down_since(),
                    recent_steps=store.recent_steps(now - RAMP_WINDOW))
 
 
@@ -109,15 +107,8 @@ def _ask_slurm(client: SlurmClient, action, report: SlurmCycleReport,
 
 
 def _log_deferrals(the_plan: Plan, log: logging.Logger) -> None:
-    """One info line per kind of hold-back, the hosts themselves at debug."""
-    groups: Dict[str, List[str]] = {}
-    for d in the_plan.deferred:
-        log.debug("%s: %s held back: %s", d.host, d.kind.value, d.reason)
-        groups.setdefault("%s held back: %s" % (d.kind.value, d.reason.split(";")[0]),
-                          []).append(d.host)
-    for key, hosts in sorted(groups.items()):
-        shown = ",".join(hosts[:8]) + (",..." if len(hosts) > 8 else "")
-        log.info("%d host(s) %s (%s)", len(hosts), key, shown)
+    for level, message in deferral_lines(the_plan):
+        getattr(log, level)("%s", message)
 
 
 def cycle_main(config: HookConfig, client: Optional[SlurmClient] = None,

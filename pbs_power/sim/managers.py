@@ -21,7 +21,7 @@ from collections import deque
 from typing import Deque, Dict, List, Optional, Sequence
 
 from ..config import MODE_RAMP_RATE, HookConfig
-from ..cycle import Cycle
+from ..cycle import Cycle, boot_times
 from ..devices.base import HostPower, PowerBackend, Result
 from ..model import PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
 from .memstore import MemoryStore
@@ -289,10 +289,7 @@ class PbsPower(Manager):
             if since + cfg.min_node_down_delay > now:
                 until = min(until, since + cfg.min_node_down_delay)
         longest = max([cfg.node_boot_time, cfg.node_wake_time]
-                      + [secs for per in store.duration_estimates().values()
-                         for secs in per.values()]
-                      + [v for v in (store.fleet_duration_estimate(k) for k in TransitionKind)
-                         if v is not None])
+                      + [secs for per in boot_times(store).values() for secs in per.values()])
         horizon = 2 * longest + cfg.min_node_down_delay + 2 * cfg.cycle_interval
         for _j, start, nodes in self.engine.estimates(now):
             if start - horizon > now:
