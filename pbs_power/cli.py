@@ -27,10 +27,12 @@ SUBCOMMANDS: List[str] = [
 
 DESCRIPTION = (
     "Power management for HPC batch clusters, run from PBS Pro/OpenPBS and Slurm hooks.\n"
-    "The hooks do the periodic work; this command checks their config, installs them,\n"
-    "manages the topology, policies and per-job resource groups, checks that every\n"
-    "node's power and device backends answer, runs the GPU agent on a node, runs the\n"
-    "demo, and replays real workload traces to compare power managers (simulate)."
+    "The hooks and Slurm programs do the periodic and per-job work; this command\n"
+    "checks their config, installs them (pbs install, slurm install), manages the\n"
+    "topology, policies and per-job resource groups, checks that every node's power\n"
+    "and device backends answer, runs the GPU agent on a node, runs the Slurm\n"
+    "wake-ahead cycle and the power-aware allocator server, runs the demo, and\n"
+    "replays real workload traces to compare power managers (simulate)."
 )
 
 
