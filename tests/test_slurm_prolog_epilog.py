@@ -125,6 +125,10 @@ def clean_policies(site):
     site.set_policies()
     yield
     site.set_policies()
+    # A test that failed half-way must not leave held jobs for the next one.
+    for name in ("a", "b", "c"):
+        site.release(name)
+    site.cluster.run("scancel", "--state=PENDING", "--user=root", check=False)
 
 
 def test_policies_from_option_comment_partition_and_topology(site):
@@ -133,6 +137,10 @@ def test_policies_from_option_comment_partition_and_topology(site):
                       "--comment", "power_policy=Node-Low", script=site.hold("a"))
     comment = c.sbatch("-N1", "-p", "debug", "--comment", "keep=1 power_policy=Node-Low",
                        script=site.hold("a"))
+    # Node-High on node4 fits the rack budget only once the other three nodes
+    # are at Node-Min/Node-Low: the partition job comes after their groups.
+    site.wait_group("rg_%d" % option)
+    site.wait_group("rg_%d" % comment)
     partition = c.sbatch("-N1", "-p", "gpu", script=site.hold("a"))
     want = {option: "Node-Min", comment: "Node-Low", partition: "Node-High"}
     for job_id, policy in want.items():
