@@ -170,10 +170,7 @@ def _add_power_routes(app: flask.Flask, limits: PowerLimits) -> None:
             except (KeyError, IndexError, TypeError):
                 return flask.jsonify(redfish_error(400, "Only PowerControl[0].PowerLimit."
                                                    "LimitInWatts can be changed.")), 400
-            refused = limits.set(identity, watts)
-            if refused:
-                return flask.jsonify(refused), 400
-            return flask.Response(status=204)
+            return _patched(limits, identity, watts)
         return flask.jsonify({
             "@odata.type": "#Power.v1_7_0.Power", "@odata.id": path, "Id": "Power",
             "Name": "Power", "PowerControl": [{
@@ -194,10 +191,7 @@ def _add_power_routes(app: flask.Flask, limits: PowerLimits) -> None:
             if "SetPoint" not in point:
                 return flask.jsonify(redfish_error(400, "Only PowerLimitWatts/SetPoint can "
                                                    "be changed.")), 400
-            refused = limits.set(identity, point["SetPoint"])
-            if refused:
-                return flask.jsonify(refused), 400
-            return flask.Response(status=204)
+            return _patched(limits, identity, point["SetPoint"])
         return flask.jsonify({
             "@odata.type": "#EnvironmentMetrics.v1_3_0.EnvironmentMetrics",
             "@odata.id": path, "Id": "EnvironmentMetrics", "Name": "Chassis Environment Metrics",
@@ -210,6 +204,14 @@ def _add_power_routes(app: flask.Flask, limits: PowerLimits) -> None:
                      methods=["GET", "PATCH"])
     app.add_url_rule("/redfish/v1/Chassis/<identity>/EnvironmentMetrics",
                      "pbs_test_environment", environment, methods=["GET", "PATCH"])
+
+
+def _patched(limits: PowerLimits, identity: str, watts):
+    """The answer to a cap PATCH: 204 once held, 400 with the Redfish error if refused."""
+    refused = limits.set(identity, watts)
+    if refused:
+        return flask.jsonify(refused), 400
+    return flask.Response(status=204)
 
 
 def _add_control_routes(app: flask.Flask, limits: PowerLimits) -> None:
@@ -237,10 +239,7 @@ def _add_control_routes(app: flask.Flask, limits: PowerLimits) -> None:
             if control_id != "PowerLimit" or set(body) != {"SetPoint"}:
                 return flask.jsonify(redfish_error(400, "Only SetPoint of PowerLimit can be "
                                                    "changed.")), 400
-            refused = limits.set(identity, body["SetPoint"])
-            if refused:
-                return flask.jsonify(refused), 400
-            return flask.Response(status=204)
+            return _patched(limits, identity, body["SetPoint"])
         doc = {"@odata.type": "#Control.v1_3_0.Control", "@odata.id": path, "Id": control_id,
                "PhysicalContext": "Chassis", "ControlMode": "Automatic"}
         if control_id == "CPUTemp":
