@@ -110,8 +110,9 @@ def needed_back(snapshot: Snapshot, config: HookConfig, now: float,
     """Of ``hosts`` (drained, about to go down), those work needs before they
     could go down, rest and be back: the rule that keeps an idle host up,
     applied once more as the power command is about to be sent."""
+    wanted = set(hosts)
     ctx = _Context(replace(snapshot, vnodes=tuple(v for v in snapshot.vnodes
-                                                  if v.host in set(hosts))),
+                                                  if v.host in wanted)),
                    config, now, watch_all=True)
     return {h: need for h, need in ctx.needs.items() if need.at <= ctx.back_by(h)}
 
