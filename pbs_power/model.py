@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
 # Vnode state names as PBS prints them (pbsnodes, qstat).
 FREE = "free"
@@ -197,7 +197,7 @@ class Plan:
         return tuple(a.host for a in self.actions if a.kind is kind)
 
 
-def hosts_of(vnodes: Tuple[Vnode, ...]) -> Dict[str, Tuple[Vnode, ...]]:
+def hosts_of(vnodes: Sequence[Vnode]) -> Dict[str, Tuple[Vnode, ...]]:
     """Group vnodes by host, keeping the scheduler's order."""
     grouped: Dict[str, list] = {}
     for vnode in vnodes:
