@@ -18,7 +18,8 @@ from pbs_power.model import PowerState, TransitionKind
 
 ON, OFF = PowerState.ON, PowerState.OFF
 
-#: A capmc-like site script: keeps each host's state in a JSON file, logs every call.
+#: A capmc-like site script: keeps each host's state in its own file (calls for
+#: several hosts run at once), logs every call.
 FAKE_CAPMC = """
 import json, os, sys
 here = os.path.dirname(os.path.abspath(__file__))
@@ -26,20 +27,20 @@ operation, host = sys.argv[-2], sys.argv[-1]
 request = json.load(sys.stdin)
 with open(os.path.join(here, "calls.log"), "a") as log:
     log.write(json.dumps({"argv": sys.argv[1:], "request": request}) + "\\n")
-path = os.path.join(here, "states.json")
-states = json.load(open(path)) if os.path.exists(path) else {}
+path = os.path.join(here, "state-" + host)
+state = open(path).read() if os.path.exists(path) else "off"
 if host.startswith("bad"):
     sys.stderr.write("capmc: node %s not found\\n" % host)
     sys.exit(3)
 if operation == "status":
-    print(json.dumps({"success": True, "power_state": states.get(host, "off"), "since": 5.0,
+    print(json.dumps({"success": True, "power_state": state, "since": 5.0,
                       "power_cap_watts": 900}))
 elif operation in ("power_on", "power_off"):
     if host.startswith("locked"):
         print(json.dumps({"success": False, "error": "node is locked by admin"}))
         sys.exit(1)
-    states[host] = "on" if operation == "power_on" else "off"
-    json.dump(states, open(path, "w"))
+    with open(path, "w") as f:
+        f.write("on" if operation == "power_on" else "off")
     print(json.dumps({"success": True}))
 else:
     print(json.dumps({"success": False, "error": "unsupported " + operation}))

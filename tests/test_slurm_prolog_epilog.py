@@ -39,7 +39,7 @@ class Site:
         self.state = base / "state"
         self.log = base / "pbs_power-slurm.log"
         self.config = base / "hook.json"
-        self.released = base / "release"
+        self.generation = 0  # per test: a release left by one test never frees the next one's jobs
         make_state(self.state)
         self.set_policies()
         plugin_dir = base / "plugin"
@@ -61,11 +61,14 @@ class Site:
         write_config(self.config, self.state, self.log, **job_policies)
 
     def hold(self, name: str) -> str:
-        """A job script that runs until ``release(name)``."""
-        return HOLD % (self.base / ("release-" + name))
+        """A job script that runs until ``release(name)`` in the same test."""
+        return HOLD % self.release_file(name)
 
     def release(self, name: str) -> None:
-        (self.base / ("release-" + name)).write_text("")
+        self.release_file(name).write_text("")
+
+    def release_file(self, name: str) -> Path:
+        return self.base / ("release-%d-%s" % (self.generation, name))
 
     def groups(self):
         """name -> (status, external id, {node: applied policy}), through the CLI."""
@@ -122,6 +125,7 @@ def site(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def clean_policies(site):
+    site.generation += 1
     site.set_policies()
     yield
     site.set_policies()
