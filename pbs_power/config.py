@@ -12,8 +12,9 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 
 from pbs_power.config_check import (
     ConfigProblem, backend_defaults, backend_type_message, check_document, describe, did_you_mean,
-    format_path, hostlist_options, parse_hostlist, problem, sort_problems,
+    format_path, hostlist_options, load_schema, parse_hostlist, problem, sort_problems,
 )
+from pbs_power.config_memo import ConfigMemo
 
 MODE_POWER_ON_OFF = "power_on_off"
 MODE_RAMP_RATE = "ramp_rate"
@@ -149,15 +150,21 @@ def load_config(path: Union[str, "os.PathLike[str]"]) -> HookConfig:
     """Read and validate a hook config JSON file; ConfigError names the file."""
     source = os.fspath(path)
     duplicates: List[str] = []
-    data = _read_json(source, duplicates)
-    config = parse_config(data, source)
+    raw, data = _read_json(source, duplicates)
+    memo = ConfigMemo.for_document(data, HookConfig.state_dir)
+    schema = load_schema()
+    checked = memo is not None and memo.holds(raw, schema)
+    config = parse_config(data, source, schema_checked=checked)
+    if memo is not None and not checked:
+        memo.add(raw, schema)
     if duplicates:
         config = replace(config, warnings=tuple(duplicates) + config.warnings)
     return config
 
 
-def _read_json(source: str, duplicates: List[str]) -> Any:
-    """The JSON document in ``source``; duplicate keys are noted (PBS accepts them)."""
+def _read_json(source: str, duplicates: List[str]) -> Tuple[bytes, Any]:
+    """The bytes of ``source`` and its JSON document; duplicate keys are noted
+    (PBS accepts them)."""
     try:
         with open(source, "rb") as f:
             raw = f.read()
@@ -183,7 +190,7 @@ def _read_json(source: str, duplicates: List[str]) -> Any:
         return seen
 
     try:
-        return json.loads(text, object_pairs_hook=pairs)
+        return raw, json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         raise ConfigError("invalid JSON at line %d, column %d: %s"
                           % (exc.lineno, exc.colno, exc.msg), source) from None
@@ -191,13 +198,15 @@ def _read_json(source: str, duplicates: List[str]) -> Any:
         raise ConfigError("invalid JSON: nested too deeply", source) from None
 
 
-def parse_config(data: Any, source: str = "<config>") -> HookConfig:
+def parse_config(data: Any, source: str = "<config>", schema_checked: bool = False
+                 ) -> HookConfig:
     """Validate a decoded config document and build the HookConfig.
 
     Pure: returns a new HookConfig or raises ConfigError listing every problem
-    (sorted by key path); ``data`` is not modified.
+    (sorted by key path); ``data`` is not modified. ``schema_checked`` skips
+    the jsonschema pass for a document known to pass it (see config_memo).
     """
-    doc, problems = check_document(data)
+    doc, problems = check_document(data, validate=not schema_checked)
     if any(p.path == "" for p in problems):
         raise ConfigError(problems, source)
     values = _build(doc, _Flagged(problems), problems)

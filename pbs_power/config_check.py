@@ -203,11 +203,10 @@ class _Coercer:
 
     def conditional(self, value: Dict[str, Any], schema: Dict[str, Any]) -> List[Dict[str, Any]]:
         """The ``then`` schemas of ``allOf: [{if, then}]`` whose ``if`` holds."""
-        from jsonschema import Draft7Validator
         out = []
         for sub in schema.get("allOf", []):
             sub = _resolve(sub, self.root)
-            if "if" in sub and "then" in sub and Draft7Validator(sub["if"]).is_valid(value):
+            if "if" in sub and "then" in sub and if_holds(sub["if"], value):
                 out.append(_resolve(sub["then"], self.root))
         return out
 
@@ -225,6 +224,22 @@ class _Coercer:
         self.problems.append(problem(parts, message))
         self.bad.add(parts)
         return value
+
+
+def if_holds(schema: Dict[str, Any], value: Dict[str, Any]) -> bool:
+    """Whether the object ``value`` matches an ``if`` schema.
+
+    The form our schemas use (``required`` keys, ``properties`` with a string
+    ``const``) is decided here, so loading a config already known to be valid
+    needs no jsonschema import; any other form goes to jsonschema.
+    """
+    props = schema.get("properties", {})
+    if set(schema) <= {"required", "properties"} and all(
+            set(p) == {"const"} and isinstance(p["const"], str) for p in props.values()):
+        return (all(k in value for k in schema.get("required", ()))
+                and all(k not in value or value[k] == p["const"] for k, p in props.items()))
+    from jsonschema import Draft7Validator
+    return Draft7Validator(schema).is_valid(value)
 
 
 def _explain(err: Any, parts: Parts) -> List[ConfigProblem]:
@@ -292,20 +307,24 @@ def backend_type_message(value: Any, name: str = "power_backend.type",
             % (name, describe(value), hint, available))
 
 
-def check_document(data: Any) -> Tuple[Dict[str, Any], List[ConfigProblem]]:
+def check_document(data: Any, validate: bool = True
+                   ) -> Tuple[Dict[str, Any], List[ConfigProblem]]:
     """Coerce numeric strings and validate against the schema.
 
     Returns the coerced copy of ``data`` and every problem found, each reported
-    once (a coercion failure is not reported again as a type error).
+    once (a coercion failure is not reported again as a type error). With
+    ``validate`` false only the coercion runs (jsonschema is not imported).
     """
     if not isinstance(data, dict):
         return {}, [ConfigProblem("", "the configuration must be a JSON object ({...}), got %s"
                                   % describe(data))]
-    from jsonschema import Draft7Validator
     root = load_schema()
     coercer = _Coercer(root)
     doc = coercer.value(data, root, ())
     problems = list(coercer.problems)
+    if not validate:
+        return doc, problems
+    from jsonschema import Draft7Validator
     for err in Draft7Validator(root).iter_errors(doc):
         parts = tuple(err.absolute_path)
         if not any(parts[:len(b)] == b for b in coercer.bad):
