@@ -1,0 +1,89 @@
+"""Wall time of the Slurm prolog and epilog programs, with and without the
+checked-config memo (``state_dir/checked-configs``).
+
+Builds a 4-node SIMULATED topology in a temp state dir, then runs the
+installed ``pbs-power-slurm-prolog`` and ``-epilog`` as slurmctld would
+(empty environment but the job's variables), --runs times, alternating a run
+with the memo present and one with it deleted first (so the config goes
+through jsonschema). Times are process start to exit. Prints JSON.
+
+    python benchmarks/prolog_time.py [--runs 40]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pbs_power.config_memo import MEMO_NAME  # noqa: E402
+from pbs_power.resource_groups import ResourceGroupService  # noqa: E402
+from pbs_power.topology import parse_topology  # noqa: E402
+
+BIN = Path(sys.executable).parent
+DEVICES = {"simulated": {"latency_ms": 0}}
+TOPOLOGY = {
+    "name": "bench",
+    "device_specs": {"cpu-node": {"type": "ComputerSystem", "backend": "simulated",
+                                  "node": {"min_watts": 200, "idle_watts": 250,
+                                           "max_watts": 1000}}},
+    "power_domains": [{"name": "rack-1", "kind": "rack", "budget_watts": 4000}],
+    "policies": [{"name": "Node-Med",
+                  "limits": [{"element_type": "NODE", "power_limit": {"watts": 600}}]}],
+    "default_policy": "Node-Med",
+    "entities": [{"names": "node[1-4]", "device": "cpu-node", "domain": "rack-1"}],
+}
+
+
+def setup(base: Path) -> Path:
+    """State dir with the topology active, and the hook config naming it."""
+    state = base / "state"
+    service = ResourceGroupService(str(state), DEVICES)
+    try:
+        service.import_topology(parse_topology(TOPOLOGY))
+        service.set_topology_active(True)
+    finally:
+        service.close()
+    config = base / "hook.json"
+    config.write_text(json.dumps({"state_dir": str(state), "slurm_log_file": str(base / "log"),
+                                  "job_policies": {"device_options": DEVICES}}))
+    return config
+
+
+def timed(program: str, env: dict) -> float:
+    began = time.perf_counter()
+    subprocess.run([str(BIN / program)], env=env, check=True)
+    return time.perf_counter() - began
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=40, help="prolog+epilog pairs (default 40)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        config = setup(Path(tmp))
+        memo = Path(tmp) / "state" / MEMO_NAME
+        times = {"memo": {"prolog": [], "epilog": []}, "no_memo": {"prolog": [], "epilog": []}}
+        for i in range(args.runs):
+            mode = "no_memo" if i % 2 else "memo"
+            env = {"PBS_POWER_CONFIG": str(config), "SLURM_JOB_ID": str(1000 + i),
+                   "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_PARTITION": "debug"}
+            for program in ("prolog", "epilog"):
+                if mode == "no_memo" and memo.exists():
+                    os.unlink(memo)
+                times[mode][program].append(timed("pbs-power-slurm-" + program, env))
+    medians = {mode: {p: round(statistics.median(v), 3) for p, v in per.items()}
+               for mode, per in times.items()}
+    print(json.dumps({"runs": args.runs, "median_seconds": medians,
+                      "prolog_ratio_no_memo_over_memo": round(
+                          medians["no_memo"]["prolog"] / medians["memo"]["prolog"], 2)}))
+
+
+if __name__ == "__main__":
+    main()
