@@ -29,6 +29,8 @@ from .nodes import (BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node, NodeModel,
 from .workload import SimJob
 
 INF = float("inf")
+#: A node moving only between these states was up before and after.
+_JOB_STATES = frozenset({IDLE, BUSY})
 END, BOOT_DONE, DOWN_DONE, CYCLE, TIMER = range(5)
 
 
@@ -73,6 +75,9 @@ class Engine:
         #: Bumped by every change a power manager could see (node states,
         #: marks, failures, arrivals); lets a manager know nothing moved.
         self.version = 0
+        #: Bumped only by node power changes, marks and failures: what stays
+        #: the same while jobs merely start and end on nodes that are up.
+        self.power_version = 0
 
     def _jobs(self, jobs: Sequence[SimJob]) -> None:
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)
@@ -171,6 +176,8 @@ class Engine:
 
     def _set(self, node: Node, state: int) -> None:
         self.version += 1
+        if node.state not in _JOB_STATES or state not in _JOB_STATES:
+            self.power_version += 1
         self.count[node.state] -= 1
         self.count[state] += 1
         node.state = state
@@ -330,6 +337,7 @@ class Engine:
         """Take a node out of service for good (a boot that timed out)."""
         if not node.failed:
             self.version += 1
+            self.power_version += 1
             node.failed = True
             self.failed += 1
             self._from_pool(node)
@@ -342,6 +350,7 @@ class Engine:
         if node.marked == asleep:
             return
         self.version += 1
+        self.power_version += 1
         node.marked = asleep
         if asleep:
             self._from_pool(node)

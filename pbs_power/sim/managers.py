@@ -242,7 +242,8 @@ class PbsPower(Manager):
         self.log = log or (lambda level, message: None)
         self._vnodes: Dict[int, tuple] = {}
         self.skip_quiet = skip_quiet
-        self._quiet: Optional[tuple] = None     # (engine version, until)
+        self._quiet: Optional[tuple] = None     # (engine versions, until)
+        self._last_run = 0.0
         self.runs = self.skipped = 0
 
     def attach(self, engine) -> None:
@@ -254,12 +255,12 @@ class PbsPower(Manager):
     def on_cycle(self, now: float) -> None:
         engine, by_name = self.engine, self.by_name
         if self._quiet is not None:
-            version, until = self._quiet
-            if version == engine.version and now < until:
+            if now < self._still_quiet_until():
                 self.skipped += 1
                 return
             self._quiet = None
         self.runs += 1
+        self._last_run = now
         report = self.runner.run(self.snapshot(now), now)
         for mark in report.marks:
             node = by_name[mark.host]
@@ -269,7 +270,26 @@ class PbsPower(Manager):
                 engine.mark(node, mark.sleep)
         if (self.skip_quiet and report.ran and not report.marks and not report.plan.actions
                 and not report.plan.deferred and not self.store.transitions()):
-            self._quiet = (engine.version, self.quiet_until(now))
+            self._quiet = (engine.version, engine.power_version, self.quiet_until(now))
+
+    def _still_quiet_until(self) -> float:
+        """Until when the last quiet run's answer holds, given what changed since.
+
+        Jobs that only started or ended on nodes that were up, with nothing
+        queued now and no warm pool to keep, change nothing the planner acts
+        on but the idle hosts; a host idle since then reaches node_idle_limit
+        no sooner than that long after the last run.
+        """
+        engine = self.engine
+        version, power_version, until = self._quiet
+        if version == engine.version:
+            return until
+        if (power_version != engine.power_version or engine.queue
+                or self.cfg.min_idle_nodes):
+            return float("-inf")
+        until = min(until, self._last_run + self.cfg.node_idle_limit)
+        self._quiet = (engine.version, power_version, until)
+        return until
 
     def quiet_until(self, now: float) -> float:
         """The first moment the planner could act on an unchanged cluster.
