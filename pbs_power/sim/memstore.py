@@ -51,15 +51,16 @@ class MemoryStore:
                                              deque(maxlen=DURATION_HISTORY))
         history.appendleft(float(seconds))
         self._fleet.pop(kind_value, None)
-        self._estimates.setdefault(host, {})[kind_value] = nearest_rank(
-            list(history)[:ESTIMATE_WINDOW], ESTIMATE_PERCENT)
+        # A new inner dict, never an update: earlier answers stay as they were.
+        self._estimates[host] = dict(self._estimates.get(host, {}), **{kind_value: nearest_rank(
+            list(history)[:ESTIMATE_WINDOW], ESTIMATE_PERCENT)})
 
     def durations(self, host: str, kind) -> Tuple[float, ...]:
         return tuple(self._durations.get((host, TransitionKind(kind).value), ()))
 
     def duration_estimates(self, kind=None) -> Dict[str, Dict[str, float]]:
-        if kind is None:
-            return {h: dict(v) for h, v in self._estimates.items()}
+        if kind is None:        # inner dicts are shared: read them, do not change them
+            return dict(self._estimates)
         value = TransitionKind(kind).value
         return {h: {value: v[value]} for h, v in self._estimates.items() if value in v}
 
