@@ -396,6 +396,14 @@ class SlurmCluster:
         pid = read_pid(self.run_dir / ("slurmd-%s.pid" % node))
         return pid if alive(pid) else None
 
+    def never_boots(self, node: str, never: bool = True) -> None:
+        """Make ``node`` take power-on commands without ever starting its slurmd."""
+        flag = self.run_dir / ("never-boots-" + node)
+        if never:
+            flag.write_text("")
+        elif flag.exists():
+            flag.unlink()
+
     def hook_log(self, name: str) -> str:
         """What the wrapper ``name`` logged (argv, signal mask, environment per call)."""
         path = self.log_dir / "hooks" / ("%s.log" % name)

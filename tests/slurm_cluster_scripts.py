@@ -33,6 +33,9 @@ export PATH=%(path)s
 sleep "$(awk -v n="$(date +%%N)" 'BEGIN{printf "%%.3f", (1e9 - n) / 1e9 + 0.02}')"
 rc=0
 for h in $(scontrol show hostnames "$1"); do
+  if [ -e "$SLURM_TEST_DIR/run/never-boots-$h" ]; then   # SlurmCluster.never_boots(h)
+    echo "$(date +%%T.%%N) $h powered on, but its OS never comes up"; continue
+  fi
   pidf="$SLURM_TEST_DIR/run/slurmd-$h.pid"
   for i in $(seq 1 150); do [ -e "$pidf.stopping" ] || break; sleep 0.1; done
   if [ -f "$pidf" ] && alive "$(cat "$pidf")"; then

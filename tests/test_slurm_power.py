@@ -142,3 +142,39 @@ def test_resume_fail_records_failure_powers_off_and_drains(cluster):
     with Store.open(str(cluster.state_dir)) as store:
         assert "node4" in store.failed()
     cluster.run("scontrol", "update", "nodename=node4", "state=resume")
+
+
+def test_node_that_never_comes_up_fails_at_resume_timeout_by_slurmctld(cluster):
+    # node3's BMC takes the power-on but its OS never boots. Nothing here calls
+    # our ResumeFailProgram: slurmctld does, once ResumeTimeout (40 s) expires.
+    cluster.wait_nodes(lambda s: s["node3"] == "idle~", 90)
+    fail_calls = cluster.hook_log("resume_fail").count("=== ")
+    cluster.never_boots("node3")
+    job = None
+    try:
+        job = cluster.sbatch("-w", "node3", script="#!/bin/sh\ntrue\n")
+        want = "node3: power_on failed: not usable in Slurm within ResumeTimeout; powered off, " \
+               "drained; not retried until an admin runs 'scontrol update nodename=node3 " \
+               "state=resume'"
+        deadline = time.time() + 120
+        while time.time() < deadline and not any(l.endswith(want) for l in log_lines(cluster)):
+            time.sleep(1)
+        lines = log_lines(cluster)
+        assert any(l.endswith(want) for l in lines), "\n".join(lines[-20:])
+        calls = cluster.hook_log("resume_fail").split("=== ")[1:]
+        assert len(calls) == fail_calls + 1 and "argv: node3" in calls[-1]
+        assert any(l.endswith("node3: power_on sent (for job %d)" % job) for l in lines)
+        assert any(l.endswith("node3: power_on still in progress at this run's deadline; "
+                              "left recorded") for l in lines)
+        out = cluster.run("scontrol", "show", "node", "-o", "node3").stdout
+        assert "DRAIN" in out and "Reason=pbs_power: power_on failed" in out
+        with Store.open(str(cluster.state_dir)) as store:
+            assert "node3" in store.failed()
+            assert all(t.host != "node3" for t in store.transitions())
+        assert "State=DOWN+DRAIN+POWERED_DOWN" in out
+        assert cluster.job_state(job) == "PENDING"        # Slurm requeued it
+    finally:
+        cluster.never_boots("node3", False)
+        if job is not None:
+            cluster.run("scancel", str(job), check=False)
+        cluster.run("scontrol", "update", "nodename=node3", "state=resume", check=False)
