@@ -286,6 +286,27 @@ def test_controls_only_chassis_and_a_forced_cap_resource(lab):
     assert env.ping(["k1"])["k1"].error.endswith(" offers no power limit (EnvironmentMetrics)")
 
 
+@pytest.mark.parametrize("style, described", [
+    ("environment", "EnvironmentMetrics PowerLimitWatts"),
+    ("controls", "Controls PowerLimit SetPoint")])
+def test_a_disabled_control_is_no_cap_until_a_cap_is_set(lab, style, described):
+    # ControlMode Disabled: the BMC holds a SetPoint (500 W) it does not apply.
+    systems = systems_for(["d1"])
+    caps = caps_for(systems, style, 100, 700, limit=500)
+    caps[systems[0].chassis]["mode"] = "Disabled"
+    emu = lab.emulator(systems, caps=caps)
+    devices = lab.track(RedfishDevices(lab.options(emu, systems)))
+    found = devices.ping(["d1"])["d1"]
+    assert found.reachable and found.cap_watts is None
+    assert found.error == "%s: ControlMode Disabled: SetPoint 500 W not enforced" % described
+    got = devices.handle(cap_request("d1", 420))
+    assert got.success and got.power_cap_watts == 420.0
+    assert json.loads(got.device_state_json)["note"] == ("ControlMode was Disabled; set to "
+                                                         "Automatic")
+    again = devices.ping(["d1"])["d1"]
+    assert (again.cap_watts, again.error) == (420.0, "")
+
+
 # -- authentication and TLS -----------------------------------------------------------
 def test_session_auth_logs_in_uses_the_token_and_deletes_the_session(lab):
     systems = systems_for(["s1"])

@@ -213,8 +213,10 @@ class RedfishFleet:
         except RedfishError as exc:
             return PingResult(host, True, view.state, latency_seconds=latency,
                               error="cap not readable: " + diag(host, exc, client))
-        return PingResult(host, True, view.state, cap.watts, (cap.low, cap.high),
-                          cap.describe(), latency)
+        note = "" if cap.enforced else "%s: ControlMode %s: SetPoint %s W not enforced" % (
+            cap.describe(), cap.mode, caps.fmt_watts(cap.watts))
+        return PingResult(host, True, view.state, cap.enforced_watts, (cap.low, cap.high),
+                          cap.describe(), latency, note)
 
     def map(self, fn: Callable[[str], T], hosts: Sequence[str]) -> Dict[str, T]:
         """``fn(host)`` for every host, at most ``max_workers`` at once."""

@@ -11,6 +11,10 @@ and ``auto`` takes the first found in this order:
   with ``ControlType`` ``Power``, its ``SetPoint`` with
   ``AllowableMin``/``AllowableMax`` (what some BMCs offer alone).
 
+``EnvironmentMetrics`` and ``Controls`` also carry a ``ControlMode``: a
+limit whose mode is ``Disabled`` is not enforced, so it is reported as no
+cap, and setting a cap there also sets the mode to ``Automatic``.
+
 The allowed range of a cap is what the BMC advertises, narrowed by the node's
 own range from the topology (``node.min_watts``/``max_watts``). A cap outside
 it is clamped into it (``clamp``, the default; the result says so) or refused
@@ -31,6 +35,9 @@ from .redfish_client import RedfishClient, RedfishError
 ENV = "EnvironmentMetrics"
 POWER = "PowerControl"
 CONTROLS = "Controls"
+#: The ControlMode of a control that is not applied, and the one we set instead.
+DISABLED = "Disabled"
+ENABLED = "Automatic"
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,17 @@ class CapReading:
     low: Optional[float]       # what the BMC allows
     high: Optional[float]
     etag: Optional[str] = None
+    mode: Optional[str] = None  # ControlMode (ENV and CONTROLS; None when not given)
+
+    @property
+    def enforced(self) -> bool:
+        """False when the BMC holds a SetPoint it does not act on (``Disabled``)."""
+        return self.mode != DISABLED
+
+    @property
+    def enforced_watts(self) -> Optional[float]:
+        """The limit the BMC applies: None when there is none or it is disabled."""
+        return self.watts if self.enforced else None
 
     def describe(self) -> str:
         if self.style == ENV:
@@ -113,9 +131,10 @@ def read_cap(client: RedfishClient, path: str, style: str,
         if not isinstance(limit, dict) or (style == CONTROLS
                                            and limit.get("ControlType") != "Power"):
             return None
+        mode = limit.get("ControlMode")
         return CapReading(path, style, 0, _number(limit.get("SetPoint")),
                           _number(limit.get("AllowableMin")), _number(limit.get("AllowableMax")),
-                          etag)
+                          etag, mode if isinstance(mode, str) else None)
     for index, member in enumerate(doc.get("PowerControl") or []):
         if isinstance(member, dict) and isinstance(member.get("PowerLimit"), dict):
             return CapReading(path, POWER, index,
@@ -165,19 +184,28 @@ def set_cap(client: RedfishClient, cap: CapReading, watts: float, mode: str,
     what = _range_source(cap, node_min, node_max)
     sent, note = fit(float(watts), low, high, mode, what)
     client.patch(cap.path, _body(cap, sent), deadline, cap.etag)
-    held = reread(client, cap, deadline).watts
-    if held is None or abs(held - sent) > 1e-6:
-        extra = "the BMC holds %s W after %s W was sent" % (fmt_watts(held), fmt_watts(sent))
-        note = "%s; %s" % (note, extra) if note else extra
-    return CapResult(float(watts), sent, held, note)
+    after = reread(client, cap, deadline)
+    held = after.enforced_watts
+    notes = [note] if note else []
+    if not cap.enforced:
+        notes.append("ControlMode was %s; set to %s" % (DISABLED, ENABLED))
+    if not after.enforced:
+        notes.append("the BMC keeps ControlMode %s: %s W held but not enforced"
+                     % (DISABLED, fmt_watts(after.watts)))
+    elif held is None or abs(held - sent) > 1e-6:
+        notes.append("the BMC holds %s W after %s W was sent" % (fmt_watts(held), fmt_watts(sent)))
+    return CapResult(float(watts), sent, held, "; ".join(notes))
 
 
 def _body(cap: CapReading, watts: float) -> Dict[str, Any]:
     value: Any = int(watts) if float(watts).is_integer() else round(watts, 3)
+    control: Dict[str, Any] = {"SetPoint": value}
+    if not cap.enforced:
+        control["ControlMode"] = ENABLED
     if cap.style == ENV:
-        return {"PowerLimitWatts": {"SetPoint": value}}
+        return {"PowerLimitWatts": control}
     if cap.style == CONTROLS:
-        return {"SetPoint": value}
+        return control
     members: List[Dict[str, Any]] = [{} for _ in range(cap.index)]  # PATCH keeps the others
     return {"PowerControl": members + [{"PowerLimit": {"LimitInWatts": value}}]}
 

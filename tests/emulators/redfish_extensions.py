@@ -23,7 +23,8 @@ it is installed into the emulator's Flask app by ``sushy_launcher.py``:
 
 Config keys (in the emulator's config file, next to sushy's own):
 ``PBS_TEST_CAPS`` {chassis id: {style: power|environment|both|controls,
-min, max, limit}} (``controls``: the Controls collection only), ``PBS_TEST_SYSTEM_CHASSIS`` {system uuid: chassis id},
+min, max, limit, mode}} (``controls``: the Controls collection only;
+``mode``: the ControlMode of EnvironmentMetrics/Controls, default Automatic), ``PBS_TEST_SYSTEM_CHASSIS`` {system uuid: chassis id},
 ``PBS_TEST_IGNORE_GRACEFUL`` [system uuid], ``PBS_TEST_FAULTS`` [{method,
 path_suffix, status, message}], ``PBS_TEST_SESSION_ONLY`` bool,
 ``PBS_TEST_LATENCY_MS`` number.
@@ -40,6 +41,8 @@ import flask
 import webob
 
 SESSIONS = "/redfish/v1/SessionService/Sessions"
+#: Control.ControlMode values (DMTF Control schema).
+CONTROL_MODES = ("Automatic", "Override", "Manual", "Disabled")
 
 
 def redfish_error(status: int, message: str, message_id: str = "Base.1.0.GeneralError") -> Dict:
@@ -64,7 +67,8 @@ class PowerLimits:
 
     def __init__(self, caps: Dict[str, Dict[str, Any]]) -> None:
         self._lock = threading.Lock()
-        self.caps = {cid: dict(c, limit=float(c.get("limit", c["max"])))
+        self.caps = {cid: dict(c, limit=float(c.get("limit", c["max"])),
+                               mode=c.get("mode", "Automatic"))
                      for cid, c in caps.items()}
 
     def get(self, chassis: str) -> Optional[Dict[str, Any]]:
@@ -72,8 +76,16 @@ class PowerLimits:
             cap = self.caps.get(chassis)
             return dict(cap) if cap else None
 
-    def set(self, chassis: str, watts: Any) -> Optional[Dict]:
-        """Store a new limit; a Redfish error body when it is refused."""
+    def set(self, chassis: str, watts: Any, mode: Optional[str] = None) -> Optional[Dict]:
+        """Store a new limit (and ControlMode); a Redfish error body when refused."""
+        if mode is not None and mode not in CONTROL_MODES:
+            return redfish_error(400, "The value %r for the property ControlMode is not in the "
+                                 "list of acceptable values." % (mode,),
+                                 "Base.1.0.PropertyValueNotInList")
+        if watts is None and mode is not None:
+            with self._lock:
+                self.caps[chassis]["mode"] = mode
+            return None
         if isinstance(watts, bool) or not isinstance(watts, (int, float)):
             return redfish_error(400, "The value %r for the power limit is of a different type "
                                  "than the property can accept." % (watts,),
@@ -85,6 +97,8 @@ class PowerLimits:
                                      "%s to %s." % (watts, cap["min"], cap["max"]),
                                      "Base.1.0.PropertyValueOutOfRange")
             cap["limit"] = float(round(watts))
+            if mode is not None:
+                cap["mode"] = mode
         return None
 
 
@@ -188,16 +202,16 @@ def _add_power_routes(app: flask.Flask, limits: PowerLimits) -> None:
         if flask.request.method == "PATCH":
             body = flask.request.get_json(silent=True) or {}
             point = (body.get("PowerLimitWatts") or {})
-            if "SetPoint" not in point:
-                return flask.jsonify(redfish_error(400, "Only PowerLimitWatts/SetPoint can "
-                                                   "be changed.")), 400
-            return _patched(limits, identity, point["SetPoint"])
+            if not point or not set(point) <= {"SetPoint", "ControlMode"}:
+                return flask.jsonify(redfish_error(400, "Only PowerLimitWatts/SetPoint and "
+                                                   "ControlMode can be changed.")), 400
+            return _patched(limits, identity, point.get("SetPoint"), point.get("ControlMode"))
         return flask.jsonify({
             "@odata.type": "#EnvironmentMetrics.v1_3_0.EnvironmentMetrics",
             "@odata.id": path, "Id": "EnvironmentMetrics", "Name": "Chassis Environment Metrics",
             "PowerWatts": {"Reading": _reading(app, identity, cap)},
             "PowerLimitWatts": {"SetPoint": cap["limit"], "AllowableMin": cap["min"],
-                                "AllowableMax": cap["max"], "ControlMode": "Automatic"}})
+                                "AllowableMax": cap["max"], "ControlMode": cap["mode"]}})
 
     _add_control_routes(app, limits)
     app.add_url_rule("/redfish/v1/Chassis/<identity>/Power", "pbs_test_power", power,
@@ -206,9 +220,9 @@ def _add_power_routes(app: flask.Flask, limits: PowerLimits) -> None:
                      "pbs_test_environment", environment, methods=["GET", "PATCH"])
 
 
-def _patched(limits: PowerLimits, identity: str, watts):
+def _patched(limits: PowerLimits, identity: str, watts, mode: Optional[str] = None):
     """The answer to a cap PATCH: 204 once held, 400 with the Redfish error if refused."""
-    refused = limits.set(identity, watts)
+    refused = limits.set(identity, watts, mode)
     if refused:
         return flask.jsonify(refused), 400
     return flask.Response(status=204)
@@ -236,12 +250,14 @@ def _add_control_routes(app: flask.Flask, limits: PowerLimits) -> None:
         path = "/redfish/v1/Chassis/%s/Controls/%s" % (identity, control_id)
         if flask.request.method == "PATCH":
             body = flask.request.get_json(silent=True) or {}
-            if control_id != "PowerLimit" or set(body) != {"SetPoint"}:
-                return flask.jsonify(redfish_error(400, "Only SetPoint of PowerLimit can be "
-                                                   "changed.")), 400
-            return _patched(limits, identity, body["SetPoint"])
+            if control_id != "PowerLimit" or not body \
+                    or not set(body) <= {"SetPoint", "ControlMode"}:
+                return flask.jsonify(redfish_error(400, "Only SetPoint and ControlMode of "
+                                                   "PowerLimit can be changed.")), 400
+            return _patched(limits, identity, body.get("SetPoint"), body.get("ControlMode"))
         doc = {"@odata.type": "#Control.v1_3_0.Control", "@odata.id": path, "Id": control_id,
-               "PhysicalContext": "Chassis", "ControlMode": "Automatic"}
+               "PhysicalContext": "Chassis",
+               "ControlMode": cap["mode"] if control_id == "PowerLimit" else "Automatic"}
         if control_id == "CPUTemp":
             doc.update(Name="CPU temperature target", ControlType="Temperature",
                        SetPoint=85, SetPointUnits="Cel", AllowableMin=60, AllowableMax=95)
