@@ -21,7 +21,7 @@ from pbs_power.planner import plan
 from pbs_power.sim import report
 from pbs_power.sim.engine import Engine
 from pbs_power.sim.managers import PbsPower
-from pbs_power.sim.nodes import make_nodes
+from pbs_power.sim.nodes import DOWN, make_nodes
 from pbs_power.sim.simulate import default_config, simulate
 from pbs_power.sim.swf import read_sample
 
@@ -161,14 +161,31 @@ def test_leaving_busy_hosts_out_of_the_snapshot_does_not_change_the_plan():
 
 
 def test_pbs_power_snapshot_lists_only_hosts_it_may_act_on():
-    manager = PbsPower(default_config(node_idle_limit=600), 300)
+    manager = PbsPower(default_config(node_idle_limit=600), 300, prune=False)
     e = Engine([job("A", 0, 1, 100), job("B", 0, 2, 50)], make_nodes(2, MODEL), MODEL, manager)
     manager.attach(e)
     e.queue = [0, 1]
     e._schedule(0.0)                              # A starts on n00001; B waits
     snap = manager.snapshot(0.0)
-    assert [v.name for v in snap.vnodes] == ["n00002"]
+    assert [v.name for v in snap.vnodes] == ["n00002"]    # busy n00001 is left out
     assert snap.queued_jobs == (QueuedJob("B", 100.0, ("n00001", "n00002")),)
+    manager.prune = True                          # idle 0 s of node_idle_limit 600: out too
+    assert [v.name for v in manager.snapshot(0.0).vnodes] == []
+    assert [v.name for v in manager.snapshot(600.0).vnodes] == ["n00002"]
+
+
+def test_pbs_power_snapshot_leaves_out_powered_down_hosts_no_job_names():
+    manager = PbsPower(default_config(node_idle_limit=600), 300)
+    e = Engine([job("A", 0, 2, 100)], make_nodes(3, MODEL), MODEL, manager)
+    manager.attach(e)
+    for node in e.nodes[1:]:
+        e._set(node, DOWN)
+    assert [v.name for v in manager.snapshot(0.0).vnodes] == []
+    e.queue = [0]                 # A's estimate: free n00001, then powered-down n00002
+    assert [n.name for _j, _t, nodes in e.estimates(0.0) for n in nodes] == ["n00001", "n00002"]
+    assert [v.name for v in manager.snapshot(0.0).vnodes] == ["n00002"]
+    manager.cfg = default_config(node_idle_limit=600, min_idle_nodes=1)
+    assert len(manager.snapshot(0.0).vnodes) == 3     # a warm pool counts every host
 
 
 # -- the comparison ---------------------------------------------------------------
@@ -326,8 +343,9 @@ def test_cli_truncated_gzip_trace_and_plot(tmp_path, capsys):
 @pytest.mark.parametrize("seed", range(6))
 def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
     # Random bursty workloads and configs: the run that skips provably quiet
-    # cycles must start every job, switch every node and use the energy of
-    # the run that plans every cycle, to the last joule; and it must skip.
+    # cycles and leaves hosts that cannot change the plan out of its snapshots
+    # must start every job, switch every node and use the energy of the run
+    # that plans every cycle over every host, to the last joule; and it must skip.
     rng = random.Random(seed)
     jobs, t = [], 0.0
     for i in range(120):
@@ -343,7 +361,7 @@ def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
         power_ramp_rate_enable=seed % 2 == 0, power_on_off_enable=seed % 2 == 1)
     runs = {}
     for skip in (False, True):
-        manager = PbsPower(config, 60, skip_quiet=skip)
+        manager = PbsPower(config, 60, skip_quiet=skip, prune=skip)
         e = run(jobs, 16, manager)
         runs[skip] = (e, manager)
     (full, m_full), (fast, m_fast) = runs[False], runs[True]

@@ -234,7 +234,8 @@ class PbsPower(Manager):
 
     name = "pbs-power"
 
-    def __init__(self, config: HookConfig, cycle: float, log=None, skip_quiet: bool = True):
+    def __init__(self, config: HookConfig, cycle: float, log=None, skip_quiet: bool = True,
+                 prune: bool = True):
         self.cfg = config
         self.cycle = float(cycle)
         self.sleep_mode = config.mode == MODE_RAMP_RATE
@@ -242,6 +243,7 @@ class PbsPower(Manager):
         self.log = log or (lambda level, message: None)
         self._vnodes: Dict[int, tuple] = {}
         self.skip_quiet = skip_quiet
+        self.prune = prune
         self._quiet: Optional[tuple] = None     # (engine versions, until)
         self._last_run = 0.0
         self.runs = self.skipped = 0
@@ -319,12 +321,33 @@ class PbsPower(Manager):
         return until
 
     def snapshot(self, now: float) -> Snapshot:
-        """Vnodes the planner can act on (busy hosts change nothing), and the calendar."""
+        """Vnodes the planner can act on, and the calendar.
+
+        Hosts that cannot change the plan are left out (``prune``): busy
+        ones; and, with no warm pool to count, idle ones short of
+        node_idle_limit and powered-down ones no queued job's nodes name.
+        Hosts in flight or failed are always in.
+        """
         in_flight = {t.host for t in self.store.transitions()}
-        vnodes = [self._vnode(n) for n in self.engine.nodes
-                  if n.state not in (BUSY, HELD) or n.name in in_flight]
+        estimates = self.engine.estimates(now)
         jobs = tuple(QueuedJob(self.engine.job_ids[j], start, tuple(n.name for n in nodes))
-                     for j, start, nodes in self.engine.estimates(now))
+                     for j, start, nodes in estimates)
+        if not self.prune or self.cfg.min_idle_nodes:
+            vnodes = [self._vnode(n) for n in self.engine.nodes
+                      if n.state not in (BUSY, HELD) or n.name in in_flight]
+            return Snapshot(tuple(vnodes), jobs)
+        named = {n.idx for _j, _start, nodes in estimates for n in nodes}
+        limit = self.cfg.node_idle_limit
+        vnodes = []
+        for n in self.engine.nodes:
+            if n.name not in in_flight and not n.failed:
+                state = n.state
+                if state in (BUSY, HELD) or (state == DOWN and n.idx not in named):
+                    continue
+                if (state == IDLE and not n.marked
+                        and now - max(n.idle_since, n.changed) < limit):
+                    continue
+            vnodes.append(self._vnode(n))
         return Snapshot(tuple(vnodes), jobs)
 
     def _vnode(self, node: Node) -> Vnode:
