@@ -23,7 +23,7 @@ from typing import Deque, Dict, List, Optional, Sequence
 from ..config import MODE_RAMP_RATE, HookConfig
 from ..cycle import Cycle, boot_times
 from ..devices.base import HostPower, PowerBackend, Result
-from ..model import PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
+from ..model import Phase, PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
 from .memstore import MemoryStore
 from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 
@@ -226,10 +226,11 @@ class PbsPower(Manager):
 
     A cycle that provably changes nothing is skipped (``skip_quiet``): after
     a run that started, held back and marked nothing, with nothing in
-    flight, the runs that follow see the same snapshot until the cluster
-    changes, and the planner's answer can only change once some host's idle
-    time reaches node_idle_limit, a rest ends or a job's start comes within
-    the longest boot plus one cycle (`quiet_until`).
+    flight but power commands waiting for their nodes, the runs that follow
+    see the same snapshot until the cluster changes, and the planner's
+    answer can only change once some host's idle time reaches
+    node_idle_limit, a rest ends, a job's start comes within the longest
+    boot plus one cycle (`quiet_until`) or a command in flight times out.
     """
 
     name = "pbs-power"
@@ -271,8 +272,30 @@ class PbsPower(Manager):
             if mark.sleep is not None:
                 engine.mark(node, mark.sleep)
         if (self.skip_quiet and report.ran and not report.marks and not report.plan.actions
-                and not report.plan.deferred and not self.store.transitions()):
-            self._quiet = (engine.version, engine.power_version, self.quiet_until(now))
+                and not report.plan.deferred):
+            until = self._waiting_until(now)
+            if until > now:
+                self._quiet = (engine.version, engine.power_version,
+                               min(until, self.quiet_until(now)))
+
+    def _waiting_until(self, now: float) -> float:
+        """Until when every transition in flight only waits for its node (inf: none).
+
+        A power command sent in an earlier run whose node is still booting or
+        shutting down changes only when the node's state does (the engine's
+        version moves) or when it times out. Anything else in flight: now.
+        """
+        until = float("inf")
+        for t in self.store.transitions():
+            if t.phase_since >= now:
+                return now
+            if t.phase is Phase.POWERING_UP:
+                until = min(until, t.started + self.cfg.boot_timeout)
+            elif t.phase is Phase.POWERING_DOWN:
+                until = min(until, t.phase_since + self.cfg.shutdown_timeout)
+            else:
+                return now
+        return until
 
     def _still_quiet_until(self) -> float:
         """Until when the last quiet run's answer holds, given what changed since.
@@ -287,7 +310,7 @@ class PbsPower(Manager):
         if version == engine.version:
             return until
         if (power_version != engine.power_version or engine.queue
-                or self.cfg.min_idle_nodes):
+                or self.cfg.min_idle_nodes or self.store.transitions()):
             return float("-inf")
         until = min(until, self._last_run + self.cfg.node_idle_limit)
         self._quiet = (engine.version, power_version, until)
