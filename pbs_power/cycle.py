@@ -60,6 +60,7 @@ class Cycle:
         self.store = store
         self.backend = backend
         self.log = log
+        self._boot_cache: Optional[Dict[str, Dict[str, float]]] = None
 
     def run(self, snapshot: Snapshot, now: float) -> CycleReport:
         """Run one pass over ``snapshot`` at ``now``; see the module docstring."""
@@ -71,6 +72,7 @@ class Cycle:
 
     def _run_locked(self, snapshot: Snapshot, now: float) -> CycleReport:
         report = CycleReport()
+        self._boot_cache = None
         for warning in self.config.warnings:
             self.log("debug", "config: " + warning)
         snapshot = replace(snapshot, transitions=self.store.transitions())
@@ -146,6 +148,7 @@ class Cycle:
         t = o.transition
         self.store.drop_transition(t.host)
         self.store.record_duration(t.host, t.kind, t.started, o.seconds)
+        self._boot_cache = None
         self.store.set_down_since(t.host, now if t.kind.is_down else None)
         report.completed.append(o)
         self.log("info", "%s: %s done in %ds (%s)" % (t.host, t.kind.value,
@@ -184,7 +187,10 @@ class Cycle:
 
     # -- new transitions ---------------------------------------------------
     def _boot_times(self) -> Dict[str, Dict[str, float]]:
-        return boot_times(self.store)
+        """The store's boot times, read once per run (until a duration is recorded)."""
+        if self._boot_cache is None:
+            self._boot_cache = boot_times(self.store)
+        return self._boot_cache
 
     def _with_history(self, snapshot: Snapshot, report: CycleReport,
                       now: float) -> Snapshot:
