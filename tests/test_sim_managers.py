@@ -182,6 +182,7 @@ def test_pbs_power_snapshot_leaves_out_powered_down_hosts_no_job_names():
         e._set(node, DOWN)
     assert [v.name for v in manager.snapshot(0.0).vnodes] == []
     e.queue = [0]                 # A's estimate: free n00001, then powered-down n00002
+    e.version += 1                # (an arrival, as the engine counts it)
     assert [n.name for _j, _t, nodes in e.estimates(0.0) for n in nodes] == ["n00001", "n00002"]
     assert [v.name for v in manager.snapshot(0.0).vnodes] == ["n00002"]
     manager.cfg = default_config(node_idle_limit=600, min_idle_nodes=1)

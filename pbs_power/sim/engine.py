@@ -78,6 +78,7 @@ class Engine:
         #: Bumped only by node power changes, marks and failures: what stays
         #: the same while jobs merely start and end on nodes that are up.
         self.power_version = 0
+        self._estimated: Optional[tuple] = None     # ((version, t, limit), estimates)
 
     def _jobs(self, jobs: Sequence[SimJob]) -> None:
         order = sorted(range(len(jobs)), key=lambda i: jobs[i].submit)
@@ -218,6 +219,7 @@ class Engine:
                 return self.nodes[idx]
 
     def _allocate(self, j: int, t: float) -> None:
+        self.version += 1           # the queue changes even if no node state does
         need = self.width[j]
         got, booting = [], []
         while len(got) < need and self.pool_size:
@@ -476,7 +478,17 @@ class Engine:
         they fit without delaying it (EASY): a job that ends before the
         shadow time may use its nodes, one that runs past it only the nodes
         it leaves. Only the first ``limit`` queued jobs are looked at.
+        The answer is shared until the cluster changes: do not modify it.
         """
+        key = (self.version, t, limit)
+        if self._estimated is not None and self._estimated[0] == key:
+            return self._estimated[1]
+        out = self._estimate(t, limit)
+        self._estimated = (key, out)
+        return out
+
+    def _estimate(self, t: float, limit: Optional[int]
+                  ) -> List[Tuple[int, float, List[Node]]]:
         pool = self._calendar_pool()
         size = len(pool)
         out: List[Tuple[int, float, List[Node]]] = []
