@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pbs_power.resource_groups import ResourceGroupService  # noqa: E402
-from pbs_power.topology import parse_topology  # noqa: E402
+from pbs_power.groups.service import ResourceGroupService  # noqa: E402
+from pbs_power.groups.topology import parse_topology  # noqa: E402
 
 
 def topology(nodes: int) -> dict:

@@ -30,9 +30,9 @@ sys.path.insert(0, str(ROOT))
 import websockets  # noqa: E402
 
 from pbs_power.devices.simulated import SimulatedBackend  # noqa: E402
-from pbs_power.model import TransitionKind  # noqa: E402
-from pbs_power.resource_groups import ResourceGroupService  # noqa: E402
-from pbs_power.topology import parse_topology  # noqa: E402
+from pbs_power.states.model import TransitionKind  # noqa: E402
+from pbs_power.groups.service import ResourceGroupService  # noqa: E402
+from pbs_power.groups.topology import parse_topology  # noqa: E402
 
 POLICIES = (("Node-High", 10200), ("Node-Med", 8000), ("Node-Low", 6000))
 
@@ -92,7 +92,7 @@ def prepare(root: str, args: argparse.Namespace) -> str:
 
 
 def start_server(config: str) -> "tuple[subprocess.Popen, str]":
-    argv = [sys.executable, "-m", "pbs_power.cli", "allocator", "serve", "--port", "0",
+    argv = [sys.executable, "-m", "pbs_power.cli.main", "allocator", "serve", "--port", "0",
             "--config", config, "--log-level", "error"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
     line = proc.stdout.readline()

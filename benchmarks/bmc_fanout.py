@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from emulators.redfish_emulator import RedfishEmulator, make_tls, systems_for  # noqa: E402
 
 from pbs_power.devices.controller import DeviceController, DeviceRequest  # noqa: E402
-from pbs_power.devices.redfish import RedfishBackend, RedfishDevices  # noqa: E402
-from pbs_power.model import PowerState, TransitionKind  # noqa: E402
+from pbs_power.devices.redfish.backend import RedfishBackend, RedfishDevices  # noqa: E402
+from pbs_power.states.model import PowerState, TransitionKind  # noqa: E402
 
 MODEL = json.dumps({"backend": "redfish", "node": {"min_watts": 100, "max_watts": 1000}})
 

@@ -2,7 +2,7 @@
 
 Builds a snapshot of --hosts hosts (a mix of busy, idle and sleeping) and
 --jobs queued jobs, each with an estimated start spread over --spread-hours
-and 1-64 estimated exec vnodes, then times `pbs_power.planner.plan` over
+and 1-64 estimated exec vnodes, then times `pbs_power.states.planner.plan` over
 --runs runs and prints JSON. ``--spread-hours 0`` puts every job's start
 inside the planning horizon, the worst case: every exec vnode is examined.
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pbs_power.config import HookConfig  # noqa: E402
-from pbs_power.model import QueuedJob, Snapshot, Vnode  # noqa: E402
-from pbs_power.planner import plan  # noqa: E402
+from pbs_power.config.hook_config import HookConfig  # noqa: E402
+from pbs_power.states.model import QueuedJob, Snapshot, Vnode  # noqa: E402
+from pbs_power.states.planner import plan  # noqa: E402
 
 
 def build_snapshot(hosts: int, jobs: int, spread_hours: float, now: float,

@@ -22,9 +22,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pbs_power.config_memo import MEMO_NAME  # noqa: E402
-from pbs_power.resource_groups import ResourceGroupService  # noqa: E402
-from pbs_power.topology import parse_topology  # noqa: E402
+from pbs_power.config.memo import MEMO_NAME  # noqa: E402
+from pbs_power.groups.service import ResourceGroupService  # noqa: E402
+from pbs_power.groups.topology import parse_topology  # noqa: E402
 
 BIN = Path(sys.executable).parent
 DEVICES = {"simulated": {"latency_ms": 0}}

@@ -45,7 +45,7 @@ def _pbs_power_main():
     config_file = _pbs_power_config_file()
     try:
         _pbs_power_add_python_path(config_file)
-        from pbs_power.schedulers.pbs import run_periodic
+        from pbs_power.pbs.hook import run_periodic
         run_periodic(pbs, config_file)
     except SystemExit:
         raise

@@ -16,7 +16,7 @@
 # queued; the scheduler shows our reason in the job's comment. On any internal
 # error this hook logs and accepts: jobs are never blocked by a pbs_power bug.
 # PBS runs hooks with -OO and __name__ == "builtins": no docstring, assert or
-# main guard here. All logic lives in pbs_power.schedulers.pbs_jobs.
+# main guard here. All logic lives in pbs_power.pbs.jobs.
 import json
 import os
 import sys
@@ -45,7 +45,7 @@ def _pbs_power_add_python_path(config_file):
 def _pbs_power_handle(event, config_file):
     # The library's Outcome for this event, or None (accept).
     _pbs_power_add_python_path(config_file)
-    from pbs_power.schedulers import pbs_jobs
+    from pbs_power.pbs import jobs as pbs_jobs
     if event.type == pbs.RUNJOB:
         return pbs_jobs.on_runjob(pbs, config_file)
     if event.type == getattr(pbs, "JOBOBIT", 0x800000):

@@ -17,7 +17,7 @@
 # PBS runs ONE provisioning hook for every aoe. An aoe that is not ours is
 # accepted without acting (exit 1: the vnode is left as it is). A site that
 # has its own provisioning hook keeps it and calls
-# pbs_power.schedulers.pbs_jobs.on_provision(pbs, config_file) from it: that
+# pbs_power.pbs.jobs.on_provision(pbs, config_file) from it: that
 # returns None for an aoe that is not ours. The hook runs in a child of
 # pbs_server; -OO and __name__ == "builtins" hold as for the other hooks.
 import json
@@ -52,7 +52,7 @@ def _pbs_power_main():
     outcome = None
     try:
         _pbs_power_add_python_path(config_file)
-        from pbs_power.schedulers.pbs_jobs import on_provision
+        from pbs_power.pbs.jobs import on_provision
         outcome = on_provision(pbs, config_file)
     except SystemExit:
         raise

@@ -1,6 +1,6 @@
 """Programs slurmctld runs: SuspendProgram/ResumeProgram and PrologSlurmctld/EpilogSlurmctld.
 
-Thin entry points over the library (`pbs_power.slurm_power`, `pbs_power.slurm_jobs`);
+Thin entry points over the library (`pbs_power.slurm.power`, `pbs_power.slurm.jobs`);
 the SPANK plugin `power_policy.c` adds the ``--power-policy`` job option.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ def run_power_program(kind: str, argv: Optional[Sequence[str]] = None) -> int:
     slurmctld runs these with the hostlist in argv[1], fds 0-2 closed, no
     PATH and signals blocked: the environment is made safe first.
     """
-    from pbs_power.slurm_env import prepare_program_env
+    from pbs_power.slurm.env import prepare_program_env
     prepare_program_env()
-    from pbs_power.slurm_power import program_main
+    from pbs_power.slurm.power import program_main
     return program_main(kind, list(sys.argv if argv is None else argv), os.environ)

@@ -2,7 +2,7 @@
 
 slurm.conf: ``EpilogSlurmctld=/usr/local/bin/pbs-power-slurm-epilog`` (an
 absolute path). Idempotent: a job without a group is fine; see
-pbs_power.slurm_jobs.
+pbs_power.slurm.jobs.
 """
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Optional, Sequence
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the epilog in the environment slurmctld gave us."""
-    from pbs_power.slurm_env import prepare_program_env
+    from pbs_power.slurm.env import prepare_program_env
     prepare_program_env()
-    from pbs_power.slurm_jobs import main as jobs_main
+    from pbs_power.slurm.jobs import main as jobs_main
     return jobs_main("epilog", argv)
 
 

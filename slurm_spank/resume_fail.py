@@ -1,6 +1,6 @@
 """Slurm's ResumeFailProgram: ``ResumeFailProgram=/path/to/pbs-power-slurm-resume-fail`` in slurm.conf.
 
-The work is in `pbs_power.slurm_power`; see `slurm_spank.run_power_program`.
+The work is in `pbs_power.slurm.power`; see `slurm_spank.run_power_program`.
 """
 from __future__ import annotations
 

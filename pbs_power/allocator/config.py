@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ..config_check import format_path, load_packaged_schema
+from pbs_power.config.checks import format_path, load_packaged_schema
 
 CONFIG_SCHEMA = "allocator_config.schema.json"
 STATE_DIR_ENV = "PBS_POWER_STATE_DIR"

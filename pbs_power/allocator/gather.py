@@ -6,7 +6,7 @@ specs, power domains and budgets, policies) gives ``data``; live state gives
 hook store's transitions in flight, failed and down hosts), the resource
 group it is in and the watts its applied policy allows, each power domain's
 allocated watts and headroom under its budget (the budget arithmetic of
-`pbs_power.budget`), and per GPU the cap the device controller last set and
+`pbs_power.groups.budget`), and per GPU the cap the device controller last set and
 the recent draw from the GPU telemetry file or the metrics service.
 
 Reads are cached for ``refresh_seconds``; each read opens and closes its own
@@ -81,8 +81,8 @@ class LocalCluster:
 
     # -- reading ---------------------------------------------------------------
     def _group_store(self):
-        from ..rg_store import GroupStore
-        from ..store import StoreError
+        from pbs_power.groups.store import GroupStore
+        from pbs_power.states.store import StoreError
         state_dir = self.source.state_dir
         if not os.path.exists(os.path.join(state_dir, RG_DB)):
             raise DataUnavailable("cluster %s: no topology in %s (run pbs-power topology import "
@@ -94,7 +94,7 @@ class LocalCluster:
 
     def _read_topology(self, store: Any = None) -> Tuple[bool, Any]:
         """(active, Topology), parsed again only when the stored one changed."""
-        from ..topology import parse_topology
+        from pbs_power.groups.topology import parse_topology
         own = store is None
         store = store or self._group_store()
         try:
@@ -174,7 +174,7 @@ def cluster_metrics(topo: Any, active: bool, groups: Mapping[str, str],
                     states: Mapping[str, str], draws: Mapping[str, Mapping[str, float]],
                     now: float) -> Dict[str, Any]:
     """Live state per node and per power domain (see the module docstring)."""
-    from .. import budget
+    from pbs_power.groups import budget
     watts = {e: m.applied_watts for e, m in allocations.items()}
     usage = budget.usage(topo, watts)
     nodes = {}
@@ -236,7 +236,7 @@ def host_power_states(source: ClusterSource, hosts: List[str], now: float,
     if source.hook_config:
         hook_dir, backend_states = _backend_states(source.hook_config, hosts, now, notes)
     transitions, failed, down = {}, set(), set()
-    from ..store import DB_NAME, Store, StoreError
+    from pbs_power.states.store import DB_NAME, Store, StoreError
     if os.path.exists(os.path.join(hook_dir, DB_NAME)):
         try:
             with Store.open(hook_dir) as store:
@@ -252,7 +252,7 @@ def host_power_states(source: ClusterSource, hosts: List[str], now: float,
 def _backend_states(hook_config: str, hosts: List[str], now: float,
                     notes: List[str]) -> Tuple[str, Dict[str, str]]:
     """(hook state_dir, host -> backend power state) from the hook config's power backend."""
-    from ..config import ConfigError, load_config
+    from pbs_power.config.hook_config import ConfigError, load_config
     from ..devices import BackendError, get_backend
     try:
         config = load_config(hook_config)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..config_check import format_path, load_packaged_schema
+from pbs_power.config.checks import format_path, load_packaged_schema
 
 REQUEST_SCHEMA = "allocator_request.schema.json"
 

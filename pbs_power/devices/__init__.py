@@ -6,34 +6,13 @@ imported only when chosen, so optional dependencies stay optional.
 from __future__ import annotations
 
 import importlib
-from typing import Dict, Tuple
 
-from ..config import BackendConfig
+from pbs_power.config.backends import BACKENDS, DEVICE_BACKENDS
+from pbs_power.config.hook_config import BackendConfig
 from .base import BackendError, HostPower, PowerBackend, Result
 
 __all__ = ["BackendError", "HostPower", "PowerBackend", "Result",
            "get_backend", "BACKENDS", "DEVICE_BACKENDS"]
-
-#: type -> (module, class); the class is built as ``cls(options, state_dir)``.
-BACKENDS: Dict[str, Tuple[str, str]] = {
-    "simulated": ("pbs_power.devices.simulated", "SimulatedBackend"),
-    "command": ("pbs_power.devices.command", "CommandBackend"),
-    "groups": ("pbs_power.devices.routing", "GroupedBackend"),
-    "ipmi": ("pbs_power.devices.ipmi", "IpmiPowerBackend"),
-    "redfish": ("pbs_power.devices.redfish", "RedfishBackend"),
-}
-
-#: Device-controller backends: name -> (module, class). A class name of "" means
-#: the module's `DeviceBackend` subclass whose ``name`` is the backend's name;
-#: it is built with ``cls.from_options(options)`` (else ``cls(**options)``).
-#: See `pbs_power.devices.selection`.
-DEVICE_BACKENDS: Dict[str, Tuple[str, str]] = {
-    "simulated": ("pbs_power.devices.simulated_devices", "SimulatedDevices"),
-    "command": ("pbs_power.devices.command", "CommandDevices"),
-    "nvml": ("pbs_power.devices.nvml", "NvmlDevices"),
-    "redfish": ("pbs_power.devices.redfish", ""),
-    "ipmi": ("pbs_power.devices.ipmi", ""),
-}
 
 
 def get_backend(config: BackendConfig, state_dir: str) -> PowerBackend:

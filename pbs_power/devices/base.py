@@ -10,7 +10,7 @@ import abc
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
-from ..model import PowerState, TransitionKind
+from pbs_power.states.model import PowerState, TransitionKind
 
 
 class BackendError(Exception):

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..model import PowerState
+from pbs_power.states.model import PowerState
 from .base import BackendError, PowerBackend
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -229,7 +229,7 @@ def run_check(config: Any, nodes: Optional[Sequence[str]] = None,
     topo, store, service = None, None, None
     try:
         if os.path.exists(os.path.join(state_dir, "resource_groups.db")):
-            from ..resource_groups import ResourceGroupService
+            from pbs_power.groups.service import ResourceGroupService
             service = ResourceGroupService(state_dir, device_options)
             topo, store = service.topology()[0], service.store
         hosts = list(nodes) if nodes else _default_nodes(config, topo)

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..model import PowerState, TransitionKind
+from pbs_power.states.model import PowerState, TransitionKind
 from .base import BackendError, HostPower, PowerBackend, Result
 from .controller import DeviceBackend, DeviceRequest, DeviceResponse, GPUPolicyResult, failure
 from .site_script import ScriptError, ScriptRunner, build_argv, json_answer

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..model import PowerState, TransitionKind
+from pbs_power.states.model import PowerState, TransitionKind
 from .base import BackendError, HostPower, PowerBackend, Result
 
 GROUPS_TYPE = "groups"
@@ -87,7 +87,7 @@ class GroupedBackend(PowerBackend):
     def backend(self, index: int) -> Union[PowerBackend, str]:
         """Group ``index``'s backend, built on first use, or why it cannot be built."""
         if index not in self._built:
-            from ..config import BackendConfig
+            from pbs_power.config.hook_config import BackendConfig
             from . import get_backend
             group = self.groups[index]
             try:

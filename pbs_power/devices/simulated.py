@@ -23,8 +23,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
-from ..model import PowerState, TransitionKind
-from ..store import connect
+from pbs_power.states.model import PowerState, TransitionKind
+from pbs_power.states.store import connect
 from .base import BackendError, HostPower, PowerBackend, Result
 
 FLEET_DB = "simulated_fleet.db"

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
-from ..model import evolve
-from ..policy import (PolicyElementType, PolicyObject, PowerLimit, parse_gpu_policies,
+from pbs_power.states.model import evolve
+from pbs_power.groups.policy import (PolicyElementType, PolicyObject, PowerLimit, parse_gpu_policies,
                       parse_policy)
 from .base import BackendError
 from .controller import DeviceBackend, DeviceRequest, DeviceResponse, GPUPolicyResult, failure

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from ..config import NodePower
-from ..model import PowerState, QueuedJob, Snapshot, Vnode
+from pbs_power.config.hook_config import NodePower
+from pbs_power.states.model import PowerState, QueuedJob, Snapshot, Vnode
 from .workload import SimJob
 
 INF = float("inf")

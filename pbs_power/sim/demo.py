@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional
 
-from ..config import BackendConfig, HookConfig, NodePower
-from ..cycle import Cycle
+from pbs_power.config.hook_config import BackendConfig, HookConfig, NodePower
+from pbs_power.states.cycle import Cycle
 from ..devices import get_backend
-from ..store import Store
+from pbs_power.states.store import Store
 from .cluster import SimCluster
 from .workload import SimJob, synthetic_day
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Deque, Dict, List, Optional, Sequence
 
-from ..config import MODE_RAMP_RATE, HookConfig
-from ..cycle import Cycle, boot_times
+from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
+from pbs_power.states.cycle import Cycle, boot_times
 from ..devices.base import HostPower, PowerBackend, Result
-from ..model import Phase, PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
+from pbs_power.states.model import Phase, PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
 from .memstore import MemoryStore
 from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 

@@ -1,4 +1,4 @@
-"""An in-memory stand-in for `pbs_power.store.Store`, for simulations.
+"""An in-memory stand-in for `pbs_power.states.store.Store`, for simulations.
 
 The simulator drives the real `Cycle` tens of thousands of times per run;
 this keeps the same methods and the same estimate rules (p90 of each host's
@@ -12,8 +12,8 @@ import contextlib
 from collections import deque
 from typing import Deque, Dict, Iterator, Optional, Tuple
 
-from ..model import RampStep, Transition, TransitionKind
-from ..store import (DURATION_HISTORY, ESTIMATE_PERCENT, ESTIMATE_WINDOW,
+from pbs_power.states.model import RampStep, Transition, TransitionKind
+from pbs_power.states.store import (DURATION_HISTORY, ESTIMATE_PERCENT, ESTIMATE_WINDOW,
                      FLEET_MIN_HOSTS, nearest_rank)
 
 

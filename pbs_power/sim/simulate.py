@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ..config import HookConfig
+from pbs_power.config.hook_config import HookConfig
 from .engine import Engine
 from .managers import build
 from .nodes import NodeModel, make_nodes

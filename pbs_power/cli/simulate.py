@@ -1,0 +1,177 @@
+"""``pbs-power simulate``: replay a workload trace under several power managers."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Optional
+
+from pbs_power.config.hook_config import ConfigError, load_config
+
+MANAGER_HELP = ("always-on (the baseline: never powers down), pbs-power (this "
+                "package's hook logic), slurm (Slurm's power save: SuspendTime = "
+                "node_idle_limit, SuspendRate 60 and ResumeRate 300 per minute, resume "
+                "on allocation), openpbs (OpenPBS's PBS_power hook: first 100 queued "
+                "jobs, fixed 900 s boot, max_concurrent_nodes per run)")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``simulate``."""
+    p = subparsers.add_parser(
+        "simulate", help="replay a real workload trace: energy saved vs job delay per manager",
+        description="Replay a Standard Workload Format trace (.swf or .swf.gz, e.g. from the "
+                    "Parallel Workloads Archive) on a SIMULATED cluster (FCFS + EASY "
+                    "backfilling on requested walltimes; per-node boot times) once per "
+                    "power manager, and compare energy and job waits against always-on. "
+                    "Without --trace, a two-week window of the KTH-SP2 trace bundled with "
+                    "the package is used. A .csv or .csv.gz trace is read as a GPU-cluster "
+                    "pod list (Alibaba cluster-trace-gpu-v2023 columns; one pod = one "
+                    "whole-node job; cluster size from the node_list_all_node CSV next to "
+                    "it): use --node-type gpu with it. Managers: " + MANAGER_HELP + ".")
+    p.add_argument("--trace", metavar="FILE",
+                   help="SWF trace, or a .csv/.csv.gz GPU pod list (default: the bundled "
+                        "KTH-SP2 window)")
+    p.add_argument("--managers", default="always-on,pbs-power,slurm,openpbs",
+                   help="comma-separated managers to compare (always-on always runs)")
+    p.add_argument("--config", metavar="HOOKCONFIG",
+                   help="hook config whose limits pbs-power, slurm and openpbs use "
+                        "(default: the shipped defaults with power_on_off_enable)")
+    p.add_argument("--nodes", type=int, help="simulated nodes (default: the trace's MaxNodes, "
+                                               "or the pod list's node list)")
+    p.add_argument("--cores-per-node", type=int,
+                   help="processors per node, to turn a job's processors into nodes "
+                        "(default: MaxProcs / MaxNodes, rounded up); GPUs per node for a "
+                        "pod list (default: the node list's most common, else 8)")
+    p.add_argument("--window", metavar="START:END",
+                   help="only jobs submitted in this window of the trace, e.g. 30d:60d, 0:86400")
+    p.add_argument("--cycle", type=int,
+                   help="seconds between periodic hook runs (default: the config's "
+                        "cycle_interval); also what the planner is told")
+    p.add_argument("--node-type", choices=("cpu", "gpu"), default="cpu",
+                   help="watts and boot times of a typical CPU or 4-GPU node (cpu; "
+                        "use gpu for a GPU pod list)")
+    p.add_argument("--seed", type=int, default=1, help="seed for per-node boot times (1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object, no table")
+    p.add_argument("--plot", metavar="OUT.png",
+                   help="write cluster power and nodes on/asleep/off over time (matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pbs_power.sim import report
+    from pbs_power.sim.managers import MANAGERS
+    from pbs_power.sim.simulate import simulate
+    managers = [m.strip() for m in args.managers.split(",") if m.strip()]
+    unknown = [m for m in managers if m not in MANAGERS]
+    if unknown:
+        return _fail("unknown manager(s): %s (known: %s)" % (", ".join(unknown), ", ".join(MANAGERS)))
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            return _fail("--plot needs matplotlib: pip install 'pbs-power[plot]'")
+    try:
+        trace, jobs, nodes, per_node = _workload(args)
+        config = _config(args.config)
+        model = _model(args.node_type, config)
+    except (OSError, ValueError, ConfigError) as exc:
+        return _fail(str(exc))
+    if not jobs:
+        return _fail("%s: no jobs to simulate" % trace.report.summary())
+    print(trace.report.summary(), file=sys.stderr)
+    print("simulating %s jobs on %d nodes (%d %s per node), managers: %s"
+          % (format(len(jobs), ","), nodes, per_node, _unit(trace), ", ".join(managers)),
+          file=sys.stderr)
+    cycle = args.cycle or config.cycle_interval
+    result = simulate(jobs, nodes, model, config, managers, cycle=cycle,
+                      seed=args.seed, progress=_progress_bar())
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + " " * 60 + "\r")
+    if args.plot:
+        report.plot(result, args.plot, title="%s, %d nodes (SIMULATED)" % (trace.name, nodes))
+        print("plot written to %s" % args.plot, file=sys.stderr)
+    if args.json:
+        print(json.dumps(report.as_json(result, trace=trace.name, cycle=cycle,
+                                        node_type=args.node_type)))
+    else:
+        print("%s: %s jobs, %d nodes, %.1f days (SIMULATED; saved and added wait are vs "
+              "always-on)" % (trace.name, format(result.jobs, ","), nodes, result.span_s / 86400))
+        print(report.table(result))
+    return 0
+
+
+def _workload(args: argparse.Namespace):
+    from pbs_power.sim.pods import is_pod_csv, read_pods
+    from pbs_power.sim.swf import parse_window, read_sample, read_swf
+    if args.trace:
+        window = parse_window(args.window) if args.window else None
+        reader = read_pods if is_pod_csv(args.trace) else read_swf
+        trace = reader(args.trace, window=window)
+    elif args.window:
+        raise ValueError("--window needs --trace (the bundled sample is already a window)")
+    else:
+        trace = read_sample()
+    header = trace.header
+    nodes = args.nodes or header.max_nodes
+    pods = _unit(trace) == "GPUs"
+    if not nodes or nodes < 1:
+        raise ValueError("%s has no %s: give --nodes" % (
+            trace.name, "node list next to it" if pods else "MaxNodes header"))
+    per_node = args.cores_per_node
+    if per_node is None and pods:
+        per_node = header.gpus_per_node
+    elif per_node is None:
+        per_node = -(-header.max_procs // nodes) if header.max_procs else 1
+    if per_node < 1:
+        raise ValueError("--cores-per-node must be >= 1")
+    return trace, trace.sim_jobs(cores_per_node=per_node, nodes=nodes), nodes, per_node
+
+
+def _unit(trace) -> str:
+    """What a job's width counts: GPUs for a pod list, processors for SWF."""
+    from pbs_power.sim.pods import PodTrace
+    return "GPUs" if isinstance(trace, PodTrace) else "processors"
+
+
+def _config(path: Optional[str]):
+    from pbs_power.sim.simulate import default_config
+    if not path:
+        return default_config()
+    config = load_config(path)
+    if config.mode == "disabled":
+        print("warning: %s enables neither power_on_off_enable nor "
+              "power_ramp_rate_enable: pbs-power and openpbs will power nothing down"
+              % path, file=sys.stderr)
+    return config
+
+
+def _model(node_type: str, config):
+    from pbs_power.sim.nodes import NODE_MODELS
+    model = NODE_MODELS[node_type]
+    if config.node_power is not None:
+        p = config.node_power
+        model = model.with_overrides(dict(busy_watts=p.busy_watts, idle_watts=p.idle_watts,
+                                          sleep_watts=p.sleep_watts, off_watts=p.off_watts))
+    return model
+
+
+def _progress_bar():
+    """A progress callback drawing on stderr (a terminal only), after 2 s."""
+    began = time.monotonic()
+    if not sys.stderr.isatty():
+        return None
+
+    def show(manager: str, fraction: float) -> None:
+        if time.monotonic() - began < 2.0:
+            return
+        filled = int(30 * fraction)
+        sys.stderr.write("\r%-10s [%s%s] %3d%%" % (manager, "#" * filled, "." * (30 - filled),
+                                                  int(100 * fraction)))
+        sys.stderr.flush()
+    return show
+
+
+def _fail(message: str) -> int:
+    print("pbs-power simulate: " + message, file=sys.stderr)
+    return 2

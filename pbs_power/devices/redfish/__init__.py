@@ -1,0 +1,8 @@
+"""Redfish BMCs over HTTPS: power state, on/off and power caps (`backend`), over one
+session per BMC (`client`), with the caps' resources (`caps`) and resets (`power`).
+"""
+from pbs_power._lazy import exports, names
+
+_PUBLIC = {"RedfishBackend": ".backend", "RedfishError": ".client", "RedfishOptions": ".options"}
+__all__ = names(_PUBLIC)
+__getattr__ = exports(__name__, _PUBLIC)

@@ -1,0 +1,294 @@
+"""One periodic pass: reconcile transitions, plan, command the backend.
+
+This is the imperative shell around `transitions.reconcile` and
+`planner.plan`. A scheduler adapter hands in a `Snapshot` of what the
+scheduler shows and gets back `Mark`s to apply to its vnodes (set or clear
+the sleep mark, take a host offline, comment). Everything that must outlive
+the process goes to the `Store`; overlapping runs are serialised by the
+store's cycle lock (a run that finds it taken does nothing).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from pbs_power.config.hook_config import HookConfig
+from .model import (Phase, Plan, PowerState, RampStep, Snapshot, Transition,
+                    TransitionKind)
+from .planner import FLEET, RAMP_WINDOW, needed_back, plan
+from .transitions import Outcome, apply_marks, reconcile
+
+#: ``log(level, message)``; levels: debug, info, warning, error.
+LogFn = Callable[[str, str], None]
+
+COMMENT_PREFIX = "pbs_power: "
+#: Hosts per kind of hold-back that get a debug line of their own each cycle.
+DEBUG_HOSTS_PER_GROUP = 20
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A change to every vnode of ``host`` for the scheduler adapter to apply."""
+
+    host: str
+    sleep: Optional[bool] = None        # True: set the sleep mark; False: clear it
+    offline: bool = False
+    comment: Optional[str] = None
+
+
+@dataclass
+class CycleReport:
+    """What one cycle did, for the adapter (marks) and for people (log)."""
+
+    ran: bool = True
+    plan: Plan = field(default_factory=Plan)
+    marks: List[Mark] = field(default_factory=list)
+    started: List[Transition] = field(default_factory=list)
+    completed: List[Outcome] = field(default_factory=list)
+    failed: List[Outcome] = field(default_factory=list)
+
+    def marked(self, sleep: bool) -> List[str]:
+        return [m.host for m in self.marks if m.sleep is sleep]
+
+
+class Cycle:
+    """Runs periodic passes for one cluster with one config, store and backend."""
+
+    def __init__(self, config: HookConfig, store, backend, log: LogFn):
+        self.config = config
+        self.store = store
+        self.backend = backend
+        self.log = log
+        self._boot_cache: Optional[Dict[str, Dict[str, float]]] = None
+
+    def run(self, snapshot: Snapshot, now: float) -> CycleReport:
+        """Run one pass over ``snapshot`` at ``now``; see the module docstring."""
+        with self.store.cycle_lock() as acquired:
+            if not acquired:
+                self.log("warning", "previous cycle still running; this run does nothing")
+                return CycleReport(ran=False)
+            return self._run_locked(snapshot, now)
+
+    def _run_locked(self, snapshot: Snapshot, now: float) -> CycleReport:
+        report = CycleReport()
+        self._boot_cache = None
+        for warning in self.config.warnings:
+            self.log("debug", "config: " + warning)
+        snapshot = replace(snapshot, transitions=self.store.transitions())
+        self._forget_recovered(snapshot)
+        self._advance(snapshot, now, report)
+        snapshot = self._with_history(snapshot, report, now)
+        report.plan = plan(snapshot, self.config, now)
+        for note in report.plan.notes:
+            self.log("debug", note)
+        self._start(report.plan, now, report)
+        self._log_deferrals(report.plan)
+        return report
+
+    def _forget_recovered(self, snapshot: Snapshot) -> None:
+        """Hosts an admin brought back from offline are no longer failed."""
+        offline = {v.host for v in snapshot.vnodes if "offline" in v.states}
+        known = {v.host for v in snapshot.vnodes}
+        for host in self.store.failed():
+            if host in known and host not in offline:
+                self.store.clear_failed(host)
+                self.log("info", "%s: back in service (offline cleared)" % host)
+
+    # -- transitions already in flight -------------------------------------
+    def _advance(self, snapshot: Snapshot, now: float, report: CycleReport) -> None:
+        in_flight = [t.host for t in snapshot.transitions
+                     if t.phase in (Phase.POWERING_DOWN, Phase.POWERING_UP)]
+        statuses = self.backend.status(in_flight, now) if in_flight else {}
+        rec = reconcile(snapshot, statuses, self.config, now)
+        for o in rec.remark_sleep:
+            report.marks.append(Mark(o.transition.host, sleep=True))
+        for o in rec.cancelled:
+            self._finish(o, report, "info", "%s: %s; handed back")
+            report.marks.append(Mark(o.transition.host, sleep=False))
+        for o in rec.vanished:
+            self._finish(o, report, "warning", "%s: forgetting transition: %s")
+        for o in rec.came_up:
+            self.store.put_transition(o.transition.advanced(Phase.BOOTING, now))
+            report.marks.append(Mark(o.transition.host, sleep=False))
+            self.log("info", "%s: %s: %s" % (o.transition.host, o.transition.kind.value,
+                                             o.reason))
+        for o in rec.completed:
+            self._complete(o, now, report)
+        for o in rec.timed_out:
+            self._fail(o, now, report)
+        self._send_down(self._still_unneeded(snapshot, rec.send_down, now, report),
+                        now, report)
+
+    def _still_unneeded(self, snapshot: Snapshot, ready: Sequence[Outcome], now: float,
+                        report: CycleReport) -> List[Outcome]:
+        """Drained hosts that may still go down; those work now needs are handed back.
+
+        A job may have been queued for a host since its drain began; powering
+        it off would only make that job wait for a boot.
+        """
+        if not ready:
+            return []
+        snap = replace(snapshot, boot_times=self._boot_times())
+        needed = needed_back(snap, self.config, now, [o.transition.host for o in ready])
+        for o in ready:
+            need = needed.get(o.transition.host)
+            if need is not None:
+                self.store.drop_transition(o.transition.host)
+                report.marks.append(Mark(o.transition.host, sleep=False))
+                self.log("info", "%s: drain cancelled: %s needs it at %s; handed back"
+                         % (o.transition.host, need.what, _clock(need.at)))
+        return [o for o in ready if o.transition.host not in needed]
+
+    def _finish(self, o: Outcome, report: CycleReport, level: str, fmt: str) -> None:
+        self.store.drop_transition(o.transition.host)
+        self.log(level, fmt % (o.transition.host, o.reason))
+
+    def _complete(self, o: Outcome, now: float, report: CycleReport) -> None:
+        t = o.transition
+        self.store.drop_transition(t.host)
+        self.store.record_duration(t.host, t.kind, t.started, o.seconds)
+        self._boot_cache = None
+        self.store.set_down_since(t.host, now if t.kind.is_down else None)
+        report.completed.append(o)
+        self.log("info", "%s: %s done in %ds (%s)" % (t.host, t.kind.value,
+                                                      o.seconds, o.reason))
+
+    def _fail(self, o: Outcome, now: float, report: CycleReport) -> None:
+        t = o.transition
+        self.store.drop_transition(t.host)
+        self.store.mark_failed(t.host, o.reason, now)
+        comment = "%s%s failed: %s; offline until an admin clears it" % (
+            COMMENT_PREFIX, t.kind.value, o.reason)
+        report.marks.append(Mark(t.host, sleep=False, offline=True, comment=comment))
+        report.failed.append(o)
+        self.log("error", "%s: %s failed: %s; marked offline, not retried"
+                 % (t.host, t.kind.value, o.reason))
+
+    def _send_down(self, ready: Sequence[Outcome], now: float,
+                   report: CycleReport) -> None:
+        by_kind: Dict[TransitionKind, List[Outcome]] = {}
+        for o in ready:
+            by_kind.setdefault(o.transition.kind, []).append(o)
+        for kind, outcomes in by_kind.items():
+            results = self.backend.request(kind, [o.transition.host for o in outcomes], now)
+            for o in outcomes:
+                t, result = o.transition, results.get(o.transition.host)
+                if result is not None and result.ok:
+                    self.store.put_transition(t.advanced(Phase.POWERING_DOWN, now))
+                    self._record_step(t.host, kind, now)
+                    self.log("info", "%s: %s sent (%s)" % (t.host, kind.value, t.reason))
+                    continue
+                diag = result.diag if result is not None else "no answer from backend"
+                self.store.drop_transition(t.host)
+                report.marks.append(Mark(t.host, sleep=False))
+                self.log("error", "%s: %s failed at the backend: %s; host handed back"
+                         % (t.host, kind.value, diag))
+
+    # -- new transitions ---------------------------------------------------
+    def _boot_times(self) -> Dict[str, Dict[str, float]]:
+        """The store's boot times, read once per run (until a duration is recorded)."""
+        if self._boot_cache is None:
+            self._boot_cache = boot_times(self.store)
+        return self._boot_cache
+
+    def _with_history(self, snapshot: Snapshot, report: CycleReport,
+                      now: float) -> Snapshot:
+        offline = [m.host for m in report.marks if m.offline]
+        snapshot = apply_marks(snapshot, report.marked(True), report.marked(False), offline)
+        return replace(snapshot, transitions=self.store.transitions(),
+                       boot_times=self._boot_times(), down_since=self.store.down_since(),
+                       recent_steps=self.store.recent_steps(now - RAMP_WINDOW))
+
+    def _start(self, the_plan: Plan, now: float, report: CycleReport) -> None:
+        ups = [a for a in the_plan.actions if not a.kind.is_down]
+        for a in the_plan.actions:
+            if a.kind.is_down:
+                t = Transition(a.host, a.kind, Phase.DRAINING, now, now, a.reason)
+                self.store.put_transition(t)
+                report.marks.append(Mark(a.host, sleep=True))
+                report.started.append(t)
+                self.log("info", "%s: draining for %s: %s" % (a.host, a.kind.value, a.reason))
+        powered = self.backend.status([a.host for a in ups], now) if ups else {}
+        by_kind: Dict[TransitionKind, List] = {}
+        for a in ups:
+            by_kind.setdefault(_up_kind(a.kind, powered.get(a.host)), []).append(a)
+        for kind, actions in by_kind.items():
+            results = self.backend.request(kind, [a.host for a in actions], now)
+            for a in actions:
+                result = results.get(a.host)
+                ok = result is not None and result.ok
+                reason = a.reason if ok else "%s; backend refused: %s" % (
+                    a.reason, result.diag if result is not None else "no answer")
+                t = Transition(a.host, kind, Phase.POWERING_UP, now, now, reason)
+                # A refused command still counts as in flight, so boot_timeout
+                # ends it (host offline) instead of retrying it every cycle.
+                self.store.put_transition(t)
+                report.started.append(t)
+                if ok:
+                    self._record_step(a.host, kind, now)
+                    self.log("info", "%s: %s sent: %s" % (a.host, kind.value, a.reason))
+                else:
+                    self.log("error", "%s: %s" % (a.host, reason))
+
+    def _record_step(self, host: str, kind: TransitionKind, now: float) -> None:
+        power = self.config.power_of(host)
+        if power is None:
+            return
+        low = power.off_watts if kind in (TransitionKind.POWER_ON,
+                                          TransitionKind.POWER_OFF) else power.sleep_watts
+        step = power.idle_watts - low
+        self.store.record_steps([RampStep(now, host, -step if kind.is_down else step)])
+
+    def _log_deferrals(self, the_plan: Plan) -> None:
+        for level, message in deferral_lines(the_plan):
+            self.log(level, message)
+
+
+def boot_times(store) -> Dict[str, Dict[str, float]]:
+    """The store's measured durations per host and kind, the fleet's under FLEET."""
+    estimates = dict(store.duration_estimates())
+    fleet = {k.value: store.fleet_duration_estimate(k) for k in TransitionKind}
+    estimates[FLEET] = {k: v for k, v in fleet.items() if v is not None}
+    return estimates
+
+
+def deferral_lines(the_plan: Plan) -> List[Tuple[str, str]]:
+    """(level, message): one info line per kind of hold-back; the first hosts
+    of each at debug.
+
+    On a large idle cluster thousands of hosts may wait for a slot: a line
+    for each, every cycle, would flood the log.
+    """
+    lines: List[Tuple[str, str]] = []
+    groups: Dict[str, List] = {}
+    keys: Dict[tuple, str] = {}
+    for d in the_plan.deferred:
+        key = keys.get((d.kind, d.reason))
+        if key is None:
+            key = keys[(d.kind, d.reason)] = "%s held back: %s" % (
+                d.kind.value, d.reason.split(";")[0])
+        group = groups.setdefault(key, [])
+        if len(group) < DEBUG_HOSTS_PER_GROUP:
+            lines.append(("debug", "%s: %s held back: %s" % (d.host, d.kind.value, d.reason)))
+        group.append(d.host)
+    for key, hosts in sorted(groups.items()):
+        shown = ",".join(hosts[:8]) + (",..." if len(hosts) > 8 else "")
+        lines.append(("info", "%d host(s) %s (%s)" % (len(hosts), key, shown)))
+    return lines
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def _up_kind(planned: TransitionKind, power) -> TransitionKind:
+    """Wake a sleeping host, power on a host that is off, whatever the mode says.
+
+    The mode may have changed since the host went down.
+    """
+    if power is not None and power.state is PowerState.OFF:
+        return TransitionKind.POWER_ON
+    if power is not None and power.state is PowerState.ASLEEP:
+        return TransitionKind.WAKE
+    return planned

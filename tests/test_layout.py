@@ -1,0 +1,67 @@
+"""The package's shape: cheap imports, no import circles, modules of a readable size.
+
+A PBS hook or a Slurm prolog runs once per event, so what a program imports is
+part of its start-up time; these tests pin what each entry point may pull in.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "pbs_power"
+CIRCLES_TOOL = ROOT.parent / "shared" / "tools" / "import_circles.py"
+HEAVY = ("jsonschema", "requests", "websockets", "urllib3", "matplotlib", "pynvml",
+         "pyslurm", "sqlite3")
+
+
+def loaded_after(statement: str) -> set:
+    """Module names loaded in a fresh interpreter after running ``statement``."""
+    code = ("import sys; before = set(sys.modules); %s; "
+            "import json; print(json.dumps(sorted(set(sys.modules) - before)))" % statement)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=str(ROOT))
+    return set(json.loads(out.stdout))
+
+
+def test_importing_the_package_imports_none_of_its_modules():
+    loaded = loaded_after("import pbs_power")
+    assert sorted(m for m in loaded if m.startswith("pbs_power.")) == []
+
+
+@pytest.mark.parametrize("package", ["config", "states", "groups", "devices.redfish",
+                                     "devices.ipmi", "pbs", "slurm", "cli"])
+def test_a_subpackage_imports_its_modules_only_when_a_name_is_used(package):
+    loaded = loaded_after("import pbs_power.%s" % package)
+    own = {m for m in loaded if m.startswith("pbs_power.")}
+    assert own <= {"pbs_power._lazy", "pbs_power.devices", "pbs_power.devices.base",
+                   "pbs_power.config", "pbs_power.config.backends",
+                   "pbs_power.config.hook_config", "pbs_power.config.checks",
+                   "pbs_power.config.memo", "pbs_power.states", "pbs_power.states.model",
+                   "pbs_power.%s" % package}
+    assert not any(m.split(".")[0] in HEAVY for m in loaded)
+
+
+def test_the_slurm_prolog_path_imports_neither_pbs_nor_heavy_libraries():
+    loaded = loaded_after("import slurm_spank.prolog, slurm_spank.epilog, "
+                          "pbs_power.slurm.env, pbs_power.slurm.jobs")
+    assert not [m for m in loaded if m.startswith(("pbs_power.pbs", "pbs_power.sim",
+                                                   "pbs_power.allocator", "pbs_power.cli"))]
+    assert not any(m.split(".")[0] in HEAVY for m in loaded)
+
+
+def test_no_module_is_over_500_lines():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert long == {}
+
+
+@pytest.mark.skipif(not CIRCLES_TOOL.is_file(), reason="import_circles.py is not beside the repo")
+def test_no_import_circle():
+    out = subprocess.run([sys.executable, str(CIRCLES_TOOL), str(PACKAGE)],
+                         capture_output=True, text=True)
+    assert (out.returncode, out.stdout) == (0, "")
