@@ -494,8 +494,9 @@ def test_readme_lists_exactly_the_install_commands():
     import re
     from pathlib import Path
     from pbs_power.schedulers import pbs_install
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    listed = re.findall(r"^qmgr -c '(.*)'$", readme, re.M)
+    root = next(p for p in Path(__file__).resolve().parents if (p / "setup.cfg").is_file())
+    page = (root / "docs" / "install-pbs.md").read_text()
+    listed = re.findall(r"^qmgr -c '(.*)'$", page, re.M)
     expected = pbs_install.install_commands("/opt/pbs_power/lib/share/pbs-power/hooks",
                                             "/etc/pbs_power.json")
     assert listed == expected
