@@ -490,12 +490,12 @@ def test_default_hooks_dir_finds_the_source_tree_or_the_installed_copy(monkeypat
     assert pbs_install.default_hooks_dir() == str(shared)
 
 
-def test_readme_lists_exactly_the_install_commands():
+def test_install_page_lists_exactly_the_install_commands():
     import re
     from pathlib import Path
     from pbs_power.pbs import install as pbs_install
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    listed = re.findall(r"^qmgr -c '(.*)'$", readme, re.M)
+    page = (Path(__file__).resolve().parents[2] / "docs" / "install-pbs.md").read_text()
+    listed = re.findall(r"^qmgr -c '(.*)'$", page, re.M)
     expected = pbs_install.install_commands("/opt/pbs_power/lib/share/pbs-power/hooks",
                                             "/etc/pbs_power.json")
     assert listed == expected

@@ -72,3 +72,22 @@ def test_install_prints_and_bad_config_is_exit_2(tmp_path, capsys):
     assert main(["slurm", "install", "--config", str(hook)]) == 2
     assert "max_concurrent_nodes" in capsys.readouterr().err
     assert main(["slurm", "cycle", "--config", str(hook)]) == 2
+
+
+def test_docs_slurm_page_shows_exactly_what_install_prints():
+    """docs/install-slurm.md's example: its slurm.conf and plugstack.conf lines are
+    what `slurm install` prints for the hook config shown above them."""
+    import re
+    from pathlib import Path
+    root = next(p for p in Path(__file__).resolve().parents if (p / "setup.cfg").is_file())
+    page = (root / "docs" / "install-slurm.md").read_text()
+    section = page.split("## What `slurm install` prints", 1)[1]
+    shown_config = re.search(r"```json\n(.*?)```", section, re.S).group(1)
+    shown = re.search(r"```\n(# --- slurm.conf \(pbs_power\) ---\n.*?)```", section, re.S).group(1)
+    conf_part, plug_part = shown.split("# --- plugstack.conf", 1)
+    shown_conf = dict(l.split("#", 1)[0].strip().split("=", 1) for l in conf_part.splitlines()
+                      if l and not l.startswith("#"))
+    plan = plan_install(parse_config(json.loads(shown_config)), "/etc/pbs_power.json",
+                        bin_dir="/opt/pbs_power/venv/bin")
+    assert shown_conf == settings(plan.text())
+    assert tuple(plug_part.splitlines()[1:]) == plan.plugstack_conf
