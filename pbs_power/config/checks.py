@@ -6,7 +6,6 @@ pure: it reads the shipped schema and its arguments and returns new values.
 """
 from __future__ import annotations
 
-import difflib
 import functools
 import json
 import math
@@ -98,6 +97,7 @@ def did_you_mean(word: Any, choices: Sequence[str]) -> str:
     if not isinstance(word, str):
         return ""
     lowered = {c.lower(): c for c in choices}
+    import difflib  # only when a word is misspelt
     match = difflib.get_close_matches(word.lower(), list(lowered), n=1, cutoff=0.6)
     return " (did you mean %r?)" % lowered[match[0]] if match else ""
 

@@ -19,9 +19,9 @@ import itertools
 import json
 import logging
 import math
+import os
 import queue
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass
 from typing import (Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional,
@@ -39,6 +39,9 @@ DEFAULT_BACKEND = "simulated"
 FLUSH_EVERY = 100
 #: ...and at most this often (seconds), so big fan-outs do not write all the time.
 FLUSH_MIN_INTERVAL = 0.25
+#: Batches up to this size wait in worker threads even when a backend offers
+#: ``handle_async``; larger ones share the event loop (no thread per request).
+THREADED_BATCH = 16
 
 LogFn = Callable[[str, str], None]
 
@@ -255,7 +258,7 @@ class DeviceController:
                 self._log("warning", "device %s: %s: could not read its stored state: %s: %s"
                           % (req.device, req.kind, type(exc).__name__, exc))
         return DeviceRequest(req.device, req.kind, req.payload, req.device_model_json, state,
-                             req.request_id or uuid.uuid4().hex, float(timeout))
+                             req.request_id or os.urandom(16).hex(), float(timeout))
 
     def _backend_of(self, req: DeviceRequest) -> Union[str, Tuple[str]]:
         """The backend name for ``req``, or a 1-tuple with why there is none (memoised)."""
@@ -344,6 +347,8 @@ class _Batch:
     def _start_more(self) -> List[DeviceResponse]:
         """Start pending requests while slots are free; unroutable ones fail at once."""
         failed, started_async = [], []
+        # a small batch waits in threads: no event loop (nor asyncio) for a prolog's few hosts
+        use_loop = len(self.pending) + len(self.flights) > THREADED_BATCH
         while self.pending:
             req = self.pending[0]
             backend = self.ctl._backend_of(req)
@@ -354,19 +359,22 @@ class _Batch:
             if not self.ctl._slots.try_acquire():
                 break
             self.pending.popleft()
-            self._start(req, backend, started_async)
+            self._start(req, backend, started_async if use_loop else None)
         if started_async:
             self.ctl._loop().submit_many(started_async)
         return failed
 
-    def _start(self, req: DeviceRequest, backend_name: str, started_async: List[Any]) -> None:
+    def _start(self, req: DeviceRequest, backend_name: str,
+               started_async: Optional[List[Any]]) -> None:
+        """Start ``req``: on the event loop (appended to ``started_async``) when the backend
+        offers ``handle_async`` and a list is given, else in a worker thread."""
         token = next(self.tokens)
         started = time.monotonic()
         flight = _Flight(req, backend_name, started, started + float(req.timeout_seconds))
         self.flights[token] = flight
         heapq.heappush(self.deadlines, (flight.deadline, token))
         backend, events = self.ctl._backends[backend_name], self.events
-        if callable(getattr(backend, "handle_async", None)):
+        if started_async is not None and callable(getattr(backend, "handle_async", None)):
             started_async.append((backend.handle_async, req, token, events))
             return
 

@@ -7,7 +7,6 @@ keeps the process from exiting); `EventLoop` runs backends that offer
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import queue
 import threading
@@ -107,6 +106,7 @@ class EventLoop:
     """
 
     def __init__(self) -> None:
+        import asyncio  # only backends with handle_async need it (a prolog does not)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever,
                                        name="pbs_power-device-loop", daemon=True)
@@ -133,6 +133,7 @@ class EventLoop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=1.0)
         if not self.loop.is_running():
+            import asyncio
             for task in asyncio.all_tasks(self.loop):
                 task.cancel()
             self.loop.close()

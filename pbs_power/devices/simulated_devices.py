@@ -22,7 +22,6 @@ Failures and jitter are reproducible: drawn from (seed, device, kind, calls).
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import math
@@ -315,6 +314,7 @@ class SimulatedDevices(DeviceBackend):
         if isinstance(ready, DeviceResponse):
             return ready
         if ready[2] > 0:
+            import asyncio  # already loaded: this runs on the controller's event loop
             await asyncio.sleep(ready[2])
         return self._end(request, *ready)
 

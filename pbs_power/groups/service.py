@@ -15,7 +15,6 @@ import json
 import os
 import re
 import time
-import uuid
 from dataclasses import asdict
 from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 
@@ -268,7 +267,7 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
             self.store.set_group(group_name, status="activating", owner_pid=os.getpid())
         for other in plan.lowered_groups:
             self.store.put_members(other)
-        op = OperationRow(uuid.uuid4().hex, group_name, op_type, self.clock(),
+        op = OperationRow(os.urandom(16).hex(), group_name, op_type, self.clock(),
                           len(plan.requests), 0, 0, False, os.getpid(), {
                               "requests": plan.requests, "fallback": plan.fallback,
                               "partial": asdict(partial) if partial else {},

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import logging
-import logging.handlers
 import os
 import signal
 import sys
@@ -81,8 +80,8 @@ def program_logger(name: str, config: Any = None) -> logging.Logger:
     logger.setLevel(getattr(logging, str(level).upper(), logging.INFO))
     if os.path.exists(SYSLOG_SOCKET):
         try:
-            syslog = logging.handlers.SysLogHandler(
-                address=SYSLOG_SOCKET, facility=logging.handlers.SysLogHandler.LOG_DAEMON)
+            from logging.handlers import SysLogHandler  # only with a syslog socket
+            syslog = SysLogHandler(address=SYSLOG_SOCKET, facility=SysLogHandler.LOG_DAEMON)
             syslog.setFormatter(logging.Formatter(
                 "pbs-power-%s[%%(process)d]: %%(levelname)s %%(message)s" % name))
             logger.addHandler(syslog)

@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
@@ -368,19 +369,25 @@ def _run_job(program: str, job: SlurmJob, config, say: LogFn, env: Mapping[str, 
         service.close()
 
 
-def main(program: str, argv: Optional[Sequence[str]] = None,
-         env: Optional[Mapping[str, str]] = None) -> int:
-    """Entry point of ``pbs-power-slurm-prolog`` / ``-epilog``: ``[--config FILE]``."""
+def _parse_args(program: str, argv: Sequence[str]):
     import argparse
-    from .env import config_path
     parser = argparse.ArgumentParser(
         prog="pbs-power-slurm-" + program,
         description="Slurm %sSlurmctld of pbs_power: %s the job's resource group." % (
             program.capitalize(), "create and activate" if program == "prolog" else "delete"))
     parser.add_argument("--config", help="hook config (default $PBS_POWER_CONFIG, else "
                                          "/etc/pbs_power.json)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(program: str, argv: Optional[Sequence[str]] = None,
+         env: Optional[Mapping[str, str]] = None) -> int:
+    """Entry point of ``pbs-power-slurm-prolog`` / ``-epilog``: ``[--config FILE]``."""
+    from .env import config_path
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # slurmctld passes no arguments: argparse (and its gettext) only when there are some
+    config_file = _parse_args(program, argv).config if argv else None
     environ = dict(os.environ if env is None else env)
     # the logged time is the program's whole wall time, interpreter start-up included
     started = time.monotonic() - (process_age() or 0.0)
-    return run(program, environ, args.config or config_path(environ), started=started)
+    return run(program, environ, config_file or config_path(environ), started=started)
