@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from pbs_power.config.checks import (
     ConfigProblem, backend_defaults, backend_type_message, check_document, describe, did_you_mean,
-    format_path, hostlist_options, load_schema, parse_hostlist, problem, sort_problems,
+    file_mode_problems, format_path, hostlist_options, load_schema, parse_hostlist, problem,
+    sort_problems,
 )
 from pbs_power.config.memo import ConfigMemo
 
@@ -162,12 +164,26 @@ def load_config(path: Union[str, "os.PathLike[str]"]) -> HookConfig:
     return config
 
 
+def _read_bytes(source: str) -> bytes:
+    """The file's bytes. A FIFO is opened without waiting for a writer, so one that nothing
+    writes to reads as empty instead of hanging the hook (or the validator) for ever."""
+    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.set_blocking(fd, True)   # a writer already there: read until it closes
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            return f.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def _read_json(source: str, duplicates: List[str]) -> Tuple[bytes, Any]:
     """The bytes of ``source`` and its JSON document; duplicate keys are noted
     (PBS accepts them)."""
     try:
-        with open(source, "rb") as f:
-            raw = f.read()
+        raw = _read_bytes(source)
     except FileNotFoundError:
         raise ConfigError("file not found", source) from None
     except IsADirectoryError:
@@ -240,7 +256,7 @@ def _build(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) ->
     if ok.get("max_ramp_watts_per_minute") is not None:
         values["max_ramp_watts_per_minute"] = float(ok["max_ramp_watts_per_minute"])
     if "state_dir" in ok:
-        values["state_dir"] = _absolute(ok["state_dir"], ("state_dir",), problems)
+        values["state_dir"] = _state_dir(ok["state_dir"], problems)
     if ok.get("slurm_log_file") is not None:
         values["slurm_log_file"] = _absolute(ok["slurm_log_file"], ("slurm_log_file",), problems)
     paths = doc.get("python_path")
@@ -276,10 +292,41 @@ def _build(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) ->
 
 def _absolute(path: str, parts: Tuple[Any, ...], problems: List[ConfigProblem]) -> str:
     """``path`` itself; a relative path is a problem (hooks run with cwd hooks/tmp)."""
-    if path and not os.path.isabs(path):
+    if "\0" in path:
+        problems.append(problem(parts, "%s contains a NUL byte, which no path can hold"
+                                % format_path(parts)))
+    elif path and not os.path.isabs(path):
         problems.append(problem(parts, "%s must be an absolute path, got %r"
                                 % (format_path(parts), path)))
     return path
+
+
+def _state_dir(path: str, problems: List[ConfigProblem]) -> str:
+    """An absolute ``state_dir`` that is a directory if it exists (it is created otherwise)."""
+    _absolute(path, ("state_dir",), problems)
+    if "\0" not in path and os.path.exists(path) and not os.path.isdir(path):
+        problems.append(problem(("state_dir",), "state_dir %s exists and is not a directory"
+                                % path))
+    return path
+
+
+def _usable_files(options: Mapping[str, Any], parts: Tuple[Any, ...],
+                  problems: List[ConfigProblem]) -> None:
+    """A backend's program and credentials as they will be used: the program by absolute
+    path (hooks run with PATH=/bin:/usr/bin, Slurm's programs with none), the credentials
+    file absolute and not open to group or others."""
+    argv = options.get("argv")
+    if isinstance(argv, list) and argv and isinstance(argv[0], str) and argv[0] \
+            and not os.path.isabs(argv[0]):
+        problems.append(problem(parts + ("argv", 0), (
+            "%s must be the program's absolute path, got %r: hooks run with "
+            "PATH=/bin:/usr/bin and Slurm's programs with no PATH at all"
+            % (format_path(parts + ("argv", 0)), argv[0]))))
+    creds = options.get("credentials_file")
+    if isinstance(creds, str) and creds:
+        where = parts + ("credentials_file",)
+        _absolute(creds, where, problems)
+        problems.extend(problem(where, msg) for msg in file_mode_problems(creds, format_path(where)))
 
 
 def _node_power(given: Mapping[str, Any], base: NodePower, base_label: str,
@@ -337,6 +384,7 @@ def _backend(spec: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem],
         return BackendConfig(type=kind, options={
             "groups": _backend_groups(spec, bad, problems, parts)})
     options = {k: v for k, v in spec.items() if k != "type"}
+    _usable_files(options, parts, problems)
     for name in hostlist_options(kind):
         if isinstance(options.get(name), (str, list)) and not bad(*parts, name):
             nodes = parse_hostlist(options[name], parts + (name,), problems)
@@ -413,7 +461,9 @@ def _device_options(options: Dict[str, Any], bad: _Flagged,
             problems.append(problem(where, "%s must be %r: the key %r is a backend type (use "
                                     "another key to name an instance)" % (
                                         format_path(where), key, key)))
-        elif kind not in DEVICE_BACKENDS:
+        elif kind in DEVICE_BACKENDS:
+            _usable_files(entry, parts + (key,), problems)
+        if kind not in DEVICE_BACKENDS:
             what = "%s %s" % (format_path(where), describe(kind)) if "type" in entry else \
                 "%s: %r" % (format_path(where), key)
             problems.append(problem(where, "%s is not a device backend type%s (known: %s; an "
