@@ -40,6 +40,7 @@ def test_every_operation_works_or_names_what_is_missing(tree, tmp_path):
         for op in ("read cap", "set cap"):
             assert not found[op].ok
             assert CAPLESS[tree] in found[op].text, (op, found[op].text)
+        assert found["uncap"].ok and CAPLESS[tree] in found["uncap"].text  # nothing to lift
         return
     if not found["read cap"].ok:  # a tree not described here: the line must say why
         assert "no power limit resource" in found["read cap"].text

@@ -215,7 +215,12 @@ class RedfishFleet:
                 deadline: Optional[float]) -> cap_set.CapResult:
         """Apply ``limit`` (None: lift the cap, restoring ``saved``) and read back the result."""
         client, _bmc = self.client(host)
-        cap = self.read_cap(host, deadline)
+        try:
+            cap = self.read_cap(host, deadline)
+        except caps.NoCapResource as exc:
+            if limit is not None:
+                raise
+            return cap_set.CapResult(None, None, None, "nothing to lift: %s" % exc)
         if limit is None:
             return cap_set.uncap(client, cap, saved, node_max, deadline)
         return cap_set.set_cap(client, cap, limit, self.options.cap_out_of_range, node_min,
