@@ -23,6 +23,7 @@ from emulators.origin_recorder import Recorder  # noqa: E402
 from emulators.redfish_emulator import make_tls  # noqa: E402
 
 from pbs_power.devices.redfish.backend import RedfishBackend, RedfishDevices  # noqa: E402
+from pbs_power.devices.redfish.origin import OriginError, resolve  # noqa: E402
 from pbs_power.states.model import TransitionKind as K  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not mockup_names(), reason="../shared/redfish-mockups absent")
@@ -183,3 +184,23 @@ def test_check_explains_a_row_without_a_cap(lab, tree, system_id, why):
     answer = lab.backend(bmc, system_id=system_id).check("n1")
     assert answer["reachable"] is True and answer["power_cap_watts"] is None
     assert why in answer["diag"], answer["diag"]
+
+
+# -- the origin rule itself ------------------------------------------------------------------
+@pytest.mark.parametrize("link, allowed", [
+    ("/redfish/v1/Systems/1", True),
+    ("Systems/1", True),
+    ("https://BMC.example:443/redfish/v1", True),          # case and default port
+    ("https://bmc.example/redfish/v1?$expand=.", True),
+    ("http://bmc.example/redfish/v1", False),              # downgrade to plain http
+    ("https://bmc.example:8443/redfish/v1", False),        # another port
+    ("https://other.example/redfish/v1", False),
+    ("//other.example/redfish/v1", False),                 # scheme-relative
+    ("https://bmc.example@other.example/redfish/v1", False),  # userinfo trick
+])
+def test_only_links_on_the_configured_origin_resolve(link, allowed):
+    if allowed:
+        assert resolve("https://bmc.example", link).startswith("https://")
+    else:
+        with pytest.raises(OriginError, match="not the configured https://bmc.example"):
+            resolve("https://bmc.example", link)
