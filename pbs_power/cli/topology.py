@@ -132,7 +132,7 @@ def service_command(func: Callable[[Any, argparse.Namespace], int]
     """Open the service for ``func``, close it after; CliError -> message and its code."""
     def run(args: argparse.Namespace) -> int:
         import sqlite3
-        from pbs_power.states.store import StoreError, database_error
+        from pbs_power.states.sqlite import StoreError, database_error
         service = None
         try:
             options = device_options(args.device_option)

@@ -13,7 +13,7 @@ import os
 import pkgutil
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 SCHEMA_NAME = "hook_config.schema.json"
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas", SCHEMA_NAME)
@@ -51,6 +51,25 @@ class ConfigProblem:
 
     def __str__(self) -> str:
         return self.message
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used, with every problem found (not only the first)."""
+
+    def __init__(self, problems: Union[str, Sequence[ConfigProblem]],
+                 source: Optional[str] = None):
+        if isinstance(problems, str):
+            problems = [ConfigProblem("", problems)]
+        self.problems: List[ConfigProblem] = list(problems)
+        self.source = source
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        prefix = "%s: " % self.source if self.source else ""
+        return "\n".join(prefix + p.message for p in self.problems)
+
+    def __reduce__(self):
+        return (type(self), (self.problems, self.source))
 
 
 def format_path(parts: Iterable[Any]) -> str:

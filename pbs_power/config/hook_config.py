@@ -5,18 +5,18 @@ A superset of OpenPBS's PBS_power.CF: every file that hook accepts loads here
 """
 from __future__ import annotations
 
-import json
 import os
-import stat
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from pbs_power.config.checks import (
-    ConfigProblem, backend_defaults, backend_type_message, check_document, describe, did_you_mean,
-    file_mode_problems, format_path, hostlist_options, load_schema, parse_hostlist, problem,
+    ConfigError, ConfigProblem, backend_defaults, backend_type_message, check_document, describe, did_you_mean,
+    format_path, hostlist_options, load_schema, parse_hostlist, problem,
     sort_problems,
 )
 from pbs_power.config.memo import ConfigMemo
+from pbs_power.config.paths import absolute_path, state_dir_path, usable_files
+from pbs_power.config.reading import read_json
 
 MODE_POWER_ON_OFF = "power_on_off"
 MODE_RAMP_RATE = "ramp_rate"
@@ -129,30 +129,11 @@ _WATTS_ORDER = (("off_watts", "sleep_watts"), ("sleep_watts", "idle_watts"),
                 ("idle_watts", "busy_watts"))
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used, with every problem found (not only the first)."""
-
-    def __init__(self, problems: Union[str, Sequence[ConfigProblem]],
-                 source: Optional[str] = None):
-        if isinstance(problems, str):
-            problems = [ConfigProblem("", problems)]
-        self.problems: List[ConfigProblem] = list(problems)
-        self.source = source
-        super().__init__(self.__str__())
-
-    def __str__(self) -> str:
-        prefix = "%s: " % self.source if self.source else ""
-        return "\n".join(prefix + p.message for p in self.problems)
-
-    def __reduce__(self):
-        return (type(self), (self.problems, self.source))
-
-
 def load_config(path: Union[str, "os.PathLike[str]"]) -> HookConfig:
     """Read and validate a hook config JSON file; ConfigError names the file."""
     source = os.fspath(path)
     duplicates: List[str] = []
-    raw, data = _read_json(source, duplicates)
+    raw, data = read_json(source, duplicates)
     memo = ConfigMemo.for_document(data, HookConfig.state_dir)
     schema = load_schema()
     checked = memo is not None and memo.holds(raw, schema)
@@ -162,56 +143,6 @@ def load_config(path: Union[str, "os.PathLike[str]"]) -> HookConfig:
     if duplicates:
         config = replace(config, warnings=tuple(duplicates) + config.warnings)
     return config
-
-
-def _read_bytes(source: str) -> bytes:
-    """The file's bytes. A FIFO is opened without waiting for a writer, so one that nothing
-    writes to reads as empty instead of hanging the hook (or the validator) for ever."""
-    fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        if stat.S_ISFIFO(os.fstat(fd).st_mode):
-            os.set_blocking(fd, True)   # a writer already there: read until it closes
-        with os.fdopen(fd, "rb") as f:
-            fd = -1
-            return f.read()
-    finally:
-        if fd >= 0:
-            os.close(fd)
-
-
-def _read_json(source: str, duplicates: List[str]) -> Tuple[bytes, Any]:
-    """The bytes of ``source`` and its JSON document; duplicate keys are noted
-    (PBS accepts them)."""
-    try:
-        raw = _read_bytes(source)
-    except FileNotFoundError:
-        raise ConfigError("file not found", source) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory, not a config file", source) from None
-    except OSError as exc:
-        raise ConfigError("cannot read the file: %s" % (exc.strerror or exc), source) from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError("not UTF-8 text (bad byte at offset %d)" % exc.start, source) from None
-    if not text.strip():
-        raise ConfigError("the file is empty: write a JSON object, e.g. {}", source)
-
-    def pairs(items: List[Tuple[str, Any]]) -> Dict[str, Any]:
-        seen: Dict[str, Any] = {}
-        for key, value in items:
-            if key in seen:
-                duplicates.append("duplicate key %r: JSON keeps only its last value" % key)
-            seen[key] = value
-        return seen
-
-    try:
-        return raw, json.loads(text, object_pairs_hook=pairs)
-    except json.JSONDecodeError as exc:
-        raise ConfigError("invalid JSON at line %d, column %d: %s"
-                          % (exc.lineno, exc.colno, exc.msg), source) from None
-    except RecursionError:
-        raise ConfigError("invalid JSON: nested too deeply", source) from None
 
 
 def parse_config(data: Any, source: str = "<config>", schema_checked: bool = False
@@ -256,13 +187,13 @@ def _build(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) ->
     if ok.get("max_ramp_watts_per_minute") is not None:
         values["max_ramp_watts_per_minute"] = float(ok["max_ramp_watts_per_minute"])
     if "state_dir" in ok:
-        values["state_dir"] = _state_dir(ok["state_dir"], problems)
+        values["state_dir"] = state_dir_path(ok["state_dir"], problems)
     if ok.get("slurm_log_file") is not None:
-        values["slurm_log_file"] = _absolute(ok["slurm_log_file"], ("slurm_log_file",), problems)
+        values["slurm_log_file"] = absolute_path(ok["slurm_log_file"], ("slurm_log_file",), problems)
     paths = doc.get("python_path")
     if isinstance(paths, (str, list)):
         paths = [paths] if isinstance(paths, str) else paths
-        values["python_path"] = tuple(_absolute(p, ("python_path", i), problems)
+        values["python_path"] = tuple(absolute_path(p, ("python_path", i), problems)
                                       for i, p in enumerate(paths) if isinstance(p, str))
     if isinstance(doc.get("exclude_nodes"), (str, list)):
         nodes = parse_hostlist(doc["exclude_nodes"], ("exclude_nodes",), problems)
@@ -288,45 +219,6 @@ def _build(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) ->
     _check_relations(doc, bad, problems)
     values["warnings"] = _warnings(values)
     return values
-
-
-def _absolute(path: str, parts: Tuple[Any, ...], problems: List[ConfigProblem]) -> str:
-    """``path`` itself; a relative path is a problem (hooks run with cwd hooks/tmp)."""
-    if "\0" in path:
-        problems.append(problem(parts, "%s contains a NUL byte, which no path can hold"
-                                % format_path(parts)))
-    elif path and not os.path.isabs(path):
-        problems.append(problem(parts, "%s must be an absolute path, got %r"
-                                % (format_path(parts), path)))
-    return path
-
-
-def _state_dir(path: str, problems: List[ConfigProblem]) -> str:
-    """An absolute ``state_dir`` that is a directory if it exists (it is created otherwise)."""
-    _absolute(path, ("state_dir",), problems)
-    if "\0" not in path and os.path.exists(path) and not os.path.isdir(path):
-        problems.append(problem(("state_dir",), "state_dir %s exists and is not a directory"
-                                % path))
-    return path
-
-
-def _usable_files(options: Mapping[str, Any], parts: Tuple[Any, ...],
-                  problems: List[ConfigProblem]) -> None:
-    """A backend's program and credentials as they will be used: the program by absolute
-    path (hooks run with PATH=/bin:/usr/bin, Slurm's programs with none), the credentials
-    file absolute and not open to group or others."""
-    argv = options.get("argv")
-    if isinstance(argv, list) and argv and isinstance(argv[0], str) and argv[0] \
-            and not os.path.isabs(argv[0]):
-        problems.append(problem(parts + ("argv", 0), (
-            "%s must be the program's absolute path, got %r: hooks run with "
-            "PATH=/bin:/usr/bin and Slurm's programs with no PATH at all"
-            % (format_path(parts + ("argv", 0)), argv[0]))))
-    creds = options.get("credentials_file")
-    if isinstance(creds, str) and creds:
-        where = parts + ("credentials_file",)
-        _absolute(creds, where, problems)
-        problems.extend(problem(where, msg) for msg in file_mode_problems(creds, format_path(where)))
 
 
 def _node_power(given: Mapping[str, Any], base: NodePower, base_label: str,
@@ -384,7 +276,7 @@ def _backend(spec: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem],
         return BackendConfig(type=kind, options={
             "groups": _backend_groups(spec, bad, problems, parts)})
     options = {k: v for k, v in spec.items() if k != "type"}
-    _usable_files(options, parts, problems)
+    usable_files(options, parts, problems)
     for name in hostlist_options(kind):
         if isinstance(options.get(name), (str, list)) and not bad(*parts, name):
             nodes = parse_hostlist(options[name], parts + (name,), problems)
@@ -462,7 +354,7 @@ def _device_options(options: Dict[str, Any], bad: _Flagged,
                                     "another key to name an instance)" % (
                                         format_path(where), key, key)))
         elif kind in DEVICE_BACKENDS:
-            _usable_files(entry, parts + (key,), problems)
+            usable_files(entry, parts + (key,), problems)
         if kind not in DEVICE_BACKENDS:
             what = "%s %s" % (format_path(where), describe(kind)) if "type" in entry else \
                 "%s: %r" % (format_path(where), key)

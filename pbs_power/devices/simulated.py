@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from pbs_power.states.model import PowerState, TransitionKind
-from pbs_power.states.store import connect
+from pbs_power.states.sqlite import connect
 from .base import BackendError, HostPower, PowerBackend, Result
 
 FLEET_DB = "simulated_fleet.db"

@@ -60,14 +60,20 @@ def test_state_dir_must_be_a_usable_directory(tmp_path):
 
 
 @pytest.mark.parametrize("data,where", [
-    ({"power_backend": {"type": "command", "argv": ["capmc", "power"]}},
+    ({"power_backend": {"type": "command", "argv": ["bin/capmc", "power"]}},
      "power_backend.argv[0]"),
-    ({"job_policies": {"device_options": {"command": {"argv": ["ssh", "x"]}}}},
+    ({"job_policies": {"device_options": {"command": {"argv": ["./agent.sh", "x"]}}}},
      "job_policies.device_options.command.argv[0]"),
 ])
-def test_a_site_program_must_be_named_by_absolute_path(data, where):
+def test_a_site_program_is_not_a_relative_path(data, where):
     message = problems(data)
-    assert where + " must be the program's absolute path" in message
+    assert where + " is a relative path" in message
+
+
+def test_a_site_program_may_be_a_bare_name_or_absolute():
+    for program in ("ssh", "/opt/site/bin/capmc"):
+        config = parse_config({"power_backend": {"type": "command", "argv": [program]}})
+        assert config.power_backend.options["argv"] == [program]
 
 
 def test_credentials_open_to_others_are_refused_at_validation(tmp_path):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from pbs_power.cli.main import main
-from pbs_power.states.store import SQLITE_HEADER, Store, StoreError, connect
+from pbs_power.states.sqlite import SQLITE_HEADER, connect
+from pbs_power.states.store import Store, StoreError
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "config" / "topology.json"
@@ -68,7 +69,7 @@ def test_garbage_inside_the_group_database_is_reported_as_damage(tmp_path):
 
 def test_a_new_database_appears_whole_even_when_created_at_once(tmp_path):
     db = tmp_path / "shared.db"
-    code = ("import sys; from pbs_power.states.store import connect; "
+    code = ("import sys; from pbs_power.states.sqlite import connect; "
             "c = connect(sys.argv[1]); c.execute('CREATE TABLE IF NOT EXISTS t (x)'); c.close()")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(db)], stderr=subprocess.PIPE)
              for _ in range(8)]
@@ -91,7 +92,7 @@ def test_a_full_disk_is_named_as_such(tmp_path):
         with pytest.raises(Exception) as info:
             for _ in range(1000):
                 conn.execute("INSERT INTO t VALUES (?)", (os.urandom(4096),))
-        from pbs_power.states.store import database_error
+        from pbs_power.states.sqlite import database_error
         message = str(database_error(str(mount / "pbs_power.db"), info.value))
         assert "the disk holding it is full" in message
         conn.close()
