@@ -108,13 +108,13 @@ def run(args: argparse.Namespace) -> int:
                                         node_type=args.node_type)))
     else:
         submitted = max(j.submit for j in jobs) - min(j.submit for j in jobs) if jobs else 0.0
-        print("%s: %s jobs submitted over %.1f days, %d nodes, %.1f days simulated (until "
-              "the last job ends; SIMULATED: saved and added wait are vs always-on)"
-              % (trace.name, format(result.jobs, ","), submitted / 86400, nodes,
-                 result.span_s / 86400))
+        print("%s: %s jobs, %d nodes, %.1f days simulated (jobs submitted over %.1f days, "
+              "then until the last ends; SIMULATED: saved and added wait are vs always-on)"
+              % (trace.name, format(result.jobs, ","), nodes, result.span_s / 86400,
+                 submitted / 86400))
         print(report.table(result))
         print(LEGEND % ("none set" if config.max_ramp_watts_per_minute is None else
-                        "%g W/min" % config.max_ramp_watts_per_minute))
+                        "%g W/min" % config.max_ramp_watts_per_minute), file=sys.stderr)
     return 0
 
 

@@ -17,8 +17,9 @@ def test_simulate_refuses_counts_below_one(option, value, capsys):
 
 def test_simulate_explains_its_columns_and_what_to_try_next(capsys):
     assert main(["simulate", "--managers", "pbs-power"]) == 0
-    out = capsys.readouterr().out
-    assert "927 jobs submitted over 13.9 days" in out and "days simulated" in out
+    out, err = capsys.readouterr()
+    assert "927 jobs, 100 nodes" in out and "days simulated (jobs submitted over 13.9 days" in out
+    out = err
     assert "peak ramp: the largest change of cluster power within one minute" in out
     assert "Next: --trace YOUR.swf" in out
 
