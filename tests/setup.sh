@@ -20,7 +20,7 @@ for p in slurmctld slurmd slurm-client munge; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need_apt+=("$p")
 done
 if [ "${#need_apt[@]}" -gt 0 ]; then
-    apt-get update -q
+    apt-get -o DPkg::Lock::Timeout=600 update -q
     # keep package scripts from starting system-wide daemons (munged, slurmctld, slurmd)
     made_policy=0
     if [ ! -e /usr/sbin/policy-rc.d ]; then
@@ -28,7 +28,7 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
         chmod 755 /usr/sbin/policy-rc.d
         made_policy=1
     fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "${need_apt[@]}"
     if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
