@@ -374,6 +374,11 @@ def file_mode_problems(path: str, name: str) -> List[str]:
     return []
 
 
+def is_host_name(text: str) -> bool:
+    """A single plain host name (no range, list or group), which needs no hostlist parse."""
+    return bool(_HOST_RE.fullmatch(text)) and not text.startswith(("-", "."))
+
+
 def parse_hostlist(value: Any, parts: Parts, problems: List[ConfigProblem]) -> Optional[Any]:
     """A hostlist string (or list of them) as one ClusterShell NodeSet.
 

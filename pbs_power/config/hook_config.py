@@ -11,7 +11,7 @@ from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tupl
 
 from pbs_power.config.checks import (
     ConfigError, ConfigProblem, backend_defaults, backend_type_message, check_document, describe, did_you_mean,
-    format_path, hostlist_options, load_schema, parse_hostlist, problem,
+    format_path, hostlist_options, is_host_name, load_schema, parse_hostlist, problem,
     sort_problems,
 )
 from pbs_power.config.memo import ConfigMemo
@@ -259,7 +259,8 @@ def _overrides(items: List[Any], node_power: Optional[NodePower], base_ok: bool,
             continue
         nodes = None
         if isinstance(item.get("nodes"), str) and not bad(*parts, "nodes"):
-            nodes = parse_hostlist(item["nodes"], parts + ("nodes",), problems)
+            nodes = item["nodes"] if is_host_name(item["nodes"]) else \
+                parse_hostlist(item["nodes"], parts + ("nodes",), problems)
         if bad(*parts) or not base_ok:
             continue
         power = _node_power(item, base, label, parts, problems)
