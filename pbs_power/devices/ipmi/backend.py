@@ -34,7 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from pbs_power.states.model import PowerState, TransitionKind, evolve
+from pbs_power._records import evolve
+from pbs_power.states.model import PowerState, TransitionKind
 from pbs_power.devices.base import BackendError, HostPower, PowerBackend, Result
 from pbs_power.devices.controller import (DeviceBackend, DeviceRequest, DeviceResponse,
                                           GPUPolicyResult, failure)
