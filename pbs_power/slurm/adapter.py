@@ -162,6 +162,9 @@ class SlurmView:
 def read_view(client: SlurmClient, with_reservations: bool = True) -> SlurmView:
     """Nodes, jobs, reservations and power settings in one go; SlurmError on failure."""
     nodes = client.nodes()
+    if not nodes:     # a cluster has nodes: an empty list is a reading that went wrong
+        raise SlurmError("Slurm (through %s) reported no nodes at all; nothing is planned "
+                         "from an empty cluster" % (client.name or "its client"))
     jobs = client.jobs()
     resvs = client.reservations() if with_reservations else []
     return SlurmView(tuple(nodes), tuple(jobs), tuple(resvs), client.power_config())

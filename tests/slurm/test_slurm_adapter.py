@@ -150,7 +150,8 @@ def fake_program(directory: Path, name: str, body: str) -> None:
 def test_cli_errors_name_the_command(tmp_path):
     fake_program(tmp_path, "sinfo", "echo 'sinfo: error: slurm_load_node: Unable to contact "
                                     "slurm controller' >&2\nexit 1\n")
-    fake_program(tmp_path, "scontrol", "exit 1\n")
+    fake_program(tmp_path, "scontrol", 'case "$1" in --version) echo "slurm 22.05.8" ;; '
+                                       '*) exit 1 ;; esac\n')
     client = CliClient(bin_dir=str(tmp_path))
     with pytest.raises(SlurmError, match=r"sinfo --json exited 1: sinfo: error: "
                                          r"slurm_load_node: Unable to contact"):
