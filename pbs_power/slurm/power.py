@@ -435,7 +435,7 @@ def program_main(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> 
     try:
         with Store.open(config.state_dir) as store, \
                 get_backend(config.power_backend, config.state_dir) as backend:
-            run = PowerRun(config, store, backend, get_client(), log)
+            run = PowerRun(config, store, backend, get_client(log=log), log)
             if name == "suspend":
                 return suspend(run, hosts)
             if name == "resume":

@@ -1,9 +1,11 @@
 """Reading Slurm 24.11 (outputs recorded on a real 24.11.5, tests/slurm/data/24.11), choosing
-the node source by release, and refusing an empty node list."""
+the node source by release, refusing an empty node list, and choosing pyslurm only where a
+child process could import it (a real stand-in package that ends its process on import)."""
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -11,10 +13,11 @@ import pytest
 
 from pbs_power.config.hook_config import parse_config
 from pbs_power.slurm import commands as cli
-from pbs_power.slurm.adapter import (SlurmError, SlurmView, jobs_per_node, queued_jobs_from,
-                                     read_view, vnode_states)
+from pbs_power.slurm.adapter import (SlurmError, SlurmView, get_client, jobs_per_node,
+                                     queued_jobs_from, read_view, vnode_states)
 from pbs_power.slurm.commands import CliClient
 from pbs_power.slurm.power import jobs_by_host
+from pbs_power.slurm.selection import MixedClient, check_lines, probe_pyslurm, served_by
 from pbs_power.states.model import TransitionKind
 from pbs_power.states.planner import plan
 
@@ -155,3 +158,110 @@ def test_read_view_refuses_no_nodes_so_nothing_is_taken_down(tmp_path):
     fake_slurm(tmp_path, "24.11.5", json.dumps({"nodes": []}), "")
     with pytest.raises(SlurmError, match="reported no nodes at all; nothing is planned"):
         read_view(CliClient(bin_dir=str(tmp_path)))
+
+
+# -- pyslurm: probed in a child process, used per capability --------------------------------
+FATAL_PYSLURM = """\
+import os, sys
+sys.stderr.write("error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host\\n"
+                 "fatal: Could not establish a configuration source\\n")
+os._exit(1)
+"""
+
+PARTIAL_PYSLURM = """\
+# What pyslurm 22.5 offers, for the probe: nodes and jobs, no Reservations, no slurmctld.Config.
+__version__ = "22.5.3"
+
+
+class Nodes:
+    @staticmethod
+    def load():
+        return []
+
+
+class Jobs:
+    @staticmethod
+    def load():
+        return []
+
+
+class Node:
+    def modify(self, changes):
+        pass
+"""
+
+
+def stand_in_pyslurm(monkeypatch, tmp_path: Path, text: str) -> None:
+    """A pyslurm package on this process's path and the child's PYTHONPATH."""
+    package = tmp_path / "site" / "pyslurm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    monkeypatch.setitem(sys.modules, "pyslurm", None)    # whatever is imported goes at the end
+    monkeypatch.delitem(sys.modules, "pyslurm")
+
+
+def test_pyslurm_that_ends_the_process_on_import_falls_back_to_the_commands(
+        monkeypatch, tmp_path, caplog):
+    stand_in_pyslurm(monkeypatch, tmp_path, FATAL_PYSLURM)
+    probe = probe_pyslurm()
+    assert not probe.usable
+    assert probe.why == ("importing pyslurm ended its process with status 1: fatal: Could not "
+                         "establish a configuration source")
+    log = logging.getLogger("pbs_power.test.selection")
+    with caplog.at_level(logging.WARNING, logger=log.name):
+        client = get_client("auto", log=log)
+    assert isinstance(client, CliClient) and "pyslurm" not in sys.modules
+    assert "reading Slurm through its commands: importing pyslurm ended its process" \
+        in caplog.text
+    with pytest.raises(SlurmError, match="pyslurm cannot be used: importing pyslurm ended"):
+        get_client("pyslurm")
+
+
+def test_pyslurm_serves_what_it_has_and_the_commands_the_rest(monkeypatch, tmp_path):
+    stand_in_pyslurm(monkeypatch, tmp_path, PARTIAL_PYSLURM)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_slurm(bin_dir, "22.05.8",
+               (DATA / "scontrol_json_show_node_powered_down.json").read_text())
+    scontrol = (bin_dir / "scontrol").read_text().replace(
+        '  *) echo "unexpected', '  "show reservation -o") cat %s ;;\n  "show config") cat %s ;;\n'
+        '  *) echo "unexpected' % (DATA / "scontrol_show_reservation.txt",
+                                   DATA / "scontrol_show_config.txt"))
+    (bin_dir / "scontrol").write_text(scontrol)
+    probe = probe_pyslurm()
+    assert probe.usable and probe.version == "22.5.3"
+    assert probe.capabilities == {"nodes": True, "jobs": True, "reservations": False,
+                                  "power_config": False, "update_nodes": True}
+    client = get_client("auto", bin_dir=str(bin_dir))
+    assert isinstance(client, MixedClient)
+    assert client.jobs() == []                               # pyslurm's (empty) job list
+    assert len(client.nodes()) == 4     # pyslurm listed no nodes: the commands' instead
+    assert [r.name for r in client.reservations()] == ["maint"]
+    assert client.power_config().resume_timeout == 60
+    served = served_by(client)
+    assert served["jobs"] == "pyslurm" and served["update_nodes"] == "pyslurm"
+    assert served["nodes"] == "cli (pyslurm: Nodes.load() returned no nodes)"
+    assert served["reservations"] == "cli (pyslurm has none)"
+    assert served["power_config"] == "cli (pyslurm has none)"
+    lines = check_lines(client, probe)
+    assert lines[0] == "Slurm 22.05.8; nodes read with sinfo --json"
+    assert "pyslurm 22.5.3: used for what it has" in lines
+    assert "nodes: 4 (cli (pyslurm: Nodes.load() returned no nodes))" in lines
+
+
+def test_pyslurm_client_says_what_its_release_lacks():
+    from types import SimpleNamespace
+    from pbs_power.slurm.client import Unsupported
+    from pbs_power.slurm.pyslurm_client import PyslurmClient
+    no_config = SimpleNamespace(load=lambda: SimpleNamespace(resume_timeout=None))
+    old = SimpleNamespace(Nodes=SimpleNamespace(load=lambda: []),
+                          slurmctld=SimpleNamespace(Config=no_config))
+    client = PyslurmClient(old)
+    with pytest.raises(Unsupported, match="no Reservations in this pyslurm"):
+        client.reservations()
+    with pytest.raises(Unsupported, match="its slurmctld.Config has no resume_timeout"):
+        client.power_config()
+    with pytest.raises(Unsupported, match=r"Nodes.load\(\) returned no nodes"):
+        client.nodes()
