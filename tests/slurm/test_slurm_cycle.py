@@ -156,3 +156,16 @@ def test_check_says_which_command_reads_the_nodes(cluster):
     assert "nodes: 3 (cli)" in lines
     assert "power settings: ResumeTimeout=%d SuspendTimeout=%d SuspendExcNodes=node1 " \
            "SuspendExcParts=- (cli)" % (cluster.resume_timeout, cluster.suspend_timeout) in lines
+
+
+def test_check_reads_a_reservation_made_on_the_cluster(cluster):
+    # a reservation both releases accept (node3 is idle or powered down, no job on it)
+    cluster.run("scontrol", "create", "reservation", "reservationname=maint",
+                "nodes=node3", "starttime=now+1hour", "duration=60", "users=root",
+                "flags=IGNORE_JOBS")
+    try:
+        out = cluster.run(str(cluster.install.program_bin / "pbs-power"), "slurm", "check",
+                          "--client", "cli").stdout
+    finally:
+        cluster.run("scontrol", "delete", "reservationname=maint")
+    assert "reservations: 1 (cli)" in out.splitlines()
