@@ -32,6 +32,9 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
+# Slurm 24.11 in a Debian 13 chroot: the real-Slurm tests run on it as well.
+bash tests/slurm_chroot.sh
+
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q -e '.[test]'
 echo "tests/setup.sh: ready (.venv/bin/python -m pytest)"
