@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from pbs_power.config.hook_config import load_config
 from pbs_power.groups.service import ResourceGroupService
+from pbs_power.slurm.install import plan_install, write_wrappers
 from slurm_cluster import SlurmCluster, requires_slurm
 from slurm_jobs_setup import FAST_DEVICES, make_state, node_caps, write_config
 
@@ -50,13 +52,19 @@ class Site:
         subprocess.run(install.argv(["make", "-s", "-C", str(install.repo / "slurm_spank"),
                                      "OUT=%s" % plugin_dir, "CFLAGS=-O2 -Werror"]),
                        check=True, timeout=120, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # the programs as a site gets them: the wrappers `slurm install --program-dir`
+        # writes (they set only PBS_POWER_CONFIG), run with what slurmctld gives them
+        plan = plan_install(load_config(str(self.config)), str(self.config),
+                            bin_dir=str(install.program_bin), program_dir=str(base / "programs"))
+        write_wrappers(plan)
+        programs = dict(line.split("=", 1) for line in plan.slurm_conf if "=" in line)
         self.cluster = SlurmCluster(
             base / "cluster", num_nodes=4, power_down_at_start=False, suspend_time=3600,
-            cred_expire=5, prolog_slurmctld=str(install.program_bin / "pbs-power-slurm-prolog"),
-            epilog_slurmctld=str(install.program_bin / "pbs-power-slurm-epilog"),
+            cred_expire=5, prolog_slurmctld=programs["PrologSlurmctld"],
+            epilog_slurmctld=programs["EpilogSlurmctld"],
             plugstack_lines=["optional %s" % (plugin_dir / "power_policy.so")],
             extra_conf=["PartitionName=gpu Nodes=node[3-4] MaxTime=INFINITE State=UP"],
-            program_env={"PBS_POWER_CONFIG": str(self.config)}, install=install)
+            install=install)
 
     def set_policies(self, **job_policies) -> None:
         """Rewrite the hook config's job_policies (read by every prolog run)."""
