@@ -57,33 +57,50 @@ def prepare_program_env() -> None:
 
 
 def slurmctld_conf(pid: int, proc: str = "/proc") -> Optional[str]:
-    """The slurm.conf that slurmctld ``pid`` runs with, when it is not Slurm's built-in path.
+    """The slurm.conf that slurmctld runs with, when it is not Slurm's built-in path.
 
     PrologSlurmctld and EpilogSlurmctld get no SLURM_CONF, so their ``scontrol``
     would read the compiled-in path; a slurmctld started with ``-f FILE`` or with
-    SLURM_CONF in its environment uses another. Both are read from its /proc entry
-    (the program runs as SlurmUser, like slurmctld); None if ``pid`` is no slurmctld
-    or shows neither.
+    SLURM_CONF in its environment uses another. ``pid`` is the program's parent:
+    slurmctld, or its ``slurmscriptd`` (Slurm 21.08+, which runs the prologs and
+    keeps slurmctld's environment but not its argv). Read from /proc (the program
+    runs as SlurmUser, like them); None if neither shows one or ``pid`` is neither.
     """
-    base = os.path.join(proc, str(pid))
-    try:
-        with open(os.path.join(base, "comm"), "rb") as f:
-            if f.read().strip() != b"slurmctld":
-                return None
-        with open(os.path.join(base, "cmdline"), "rb") as f:
-            argv = f.read().split(b"\0")
-        with open(os.path.join(base, "environ"), "rb") as f:
-            environ = f.read().split(b"\0")
-    except OSError:
+    comm = _proc_read(proc, pid, "comm").strip()
+    if comm == b"slurmscriptd":
+        ctld = _parent(proc, pid)
+        chain = [pid] + ([ctld] if ctld and _proc_read(proc, ctld, "comm").strip()
+                         == b"slurmctld" else [])
+    elif comm == b"slurmctld":
+        chain = [pid]
+    else:
         return None
-    for i, arg in enumerate(argv):
-        if arg == b"-f" and i + 1 < len(argv) and argv[i + 1]:
-            return os.fsdecode(argv[i + 1])
-        if arg.startswith(b"-f") and len(arg) > 2:
-            return os.fsdecode(arg[2:])
-    for entry in environ:
-        if entry.startswith(b"SLURM_CONF=") and len(entry) > len(b"SLURM_CONF="):
-            return os.fsdecode(entry[len(b"SLURM_CONF="):])
+    for node in chain:
+        argv = _proc_read(proc, node, "cmdline").split(b"\0")
+        for i, arg in enumerate(argv):
+            if arg == b"-f" and i + 1 < len(argv) and argv[i + 1]:
+                return os.fsdecode(argv[i + 1])
+            if arg.startswith(b"-f") and len(arg) > 2:
+                return os.fsdecode(arg[2:])
+    for node in chain:
+        for entry in _proc_read(proc, node, "environ").split(b"\0"):
+            if entry.startswith(b"SLURM_CONF=") and len(entry) > len(b"SLURM_CONF="):
+                return os.fsdecode(entry[len(b"SLURM_CONF="):])
+    return None
+
+
+def _proc_read(proc: str, pid: int, name: str) -> bytes:
+    try:
+        with open(os.path.join(proc, str(pid), name), "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _parent(proc: str, pid: int) -> Optional[int]:
+    for line in _proc_read(proc, pid, "status").splitlines():
+        if line.startswith(b"PPid:"):
+            return int(line.split()[1])
     return None
 
 

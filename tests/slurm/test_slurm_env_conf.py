@@ -7,13 +7,15 @@ from pathlib import Path
 from pbs_power.slurm.env import slurmctld_conf
 
 
-def fake_proc(tmp_path: Path, comm: bytes, argv, environ) -> Path:
+def fake_proc(tmp_path: Path, comm: bytes, argv, environ, pid: int = 4242,
+              ppid: int = 1) -> Path:
     proc = tmp_path / "proc"
-    entry = proc / "4242"
+    entry = proc / str(pid)
     entry.mkdir(parents=True)
     (entry / "comm").write_bytes(comm + b"\n")
     (entry / "cmdline").write_bytes(b"\0".join(argv) + b"\0")
     (entry / "environ").write_bytes(b"\0".join(environ) + b"\0")
+    (entry / "status").write_bytes(b"Name:\t%s\nPPid:\t%d\n" % (comm, ppid))
     return proc
 
 
@@ -29,6 +31,16 @@ def test_conf_from_slurmctlds_f_option_wins(tmp_path):
     assert slurmctld_conf(4242, str(proc)) == "/opt/slurm.conf"
     proc2 = fake_proc(tmp_path / "b", b"slurmctld", [b"slurmctld", b"-f/opt/x.conf"], [])
     assert slurmctld_conf(4242, str(proc2)) == "/opt/x.conf"
+
+
+def test_slurmscriptd_keeps_slurmctlds_environment_and_its_parent_the_argv(tmp_path):
+    # Slurm 21.08+: slurmscriptd (argv rewritten to ": slurmscriptd") runs the prologs
+    proc = fake_proc(tmp_path, b"slurmscriptd", [b": slurmscriptd", b""],
+                     [b"SLURM_CONF=/srv/slurm.conf"], pid=4242, ppid=4240)
+    assert slurmctld_conf(4242, str(proc)) == "/srv/slurm.conf"
+    fake_proc(tmp_path, b"slurmctld", [b"slurmctld", b"-f", b"/etc/site/slurm.conf"], [],
+              pid=4240)
+    assert slurmctld_conf(4242, str(proc)) == "/etc/site/slurm.conf"
 
 
 def test_only_a_slurmctld_parent_is_trusted(tmp_path):
