@@ -36,6 +36,8 @@ SCHEMA = (
     "n_success INTEGER NOT NULL DEFAULT 0, n_failed INTEGER NOT NULL DEFAULT 0, "
     "completed INTEGER NOT NULL DEFAULT 0, worker_pid INTEGER, request TEXT, result TEXT)",
     "CREATE TABLE IF NOT EXISTS device_state (device TEXT PRIMARY KEY, state TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS power_ledger (entity TEXT PRIMARY KEY, watts REAL NOT NULL, "
+    "policy TEXT, told REAL, sender INTEGER)",
 )
 
 
@@ -229,6 +231,18 @@ class GroupStore:
                           "WHERE g.status IN ('active', 'activating', 'deactivating') "
                           "AND m.applied_watts IS NOT NULL")
         return {r[0]: MemberRow(*r) for r in rows}
+
+    # -- the power ledger (see ledger.py) -------------------------------------
+    def ledger_rows(self) -> List[tuple]:
+        """(entity, watts, policy, told, sender) of each entity not plainly at its topology policy."""
+        return self._rows("SELECT entity, watts, policy, told, sender FROM power_ledger")
+
+    def put_ledger(self, rows: Sequence[tuple]) -> None:
+        self._conn.executemany("INSERT OR REPLACE INTO power_ledger VALUES (?, ?, ?, ?, ?)", rows)
+
+    def drop_ledger(self, entities: Sequence[str]) -> None:
+        self._conn.executemany("DELETE FROM power_ledger WHERE entity = ?",
+                               [(e,) for e in entities])
 
     # -- operations ----------------------------------------------------------
     def insert_operation(self, op: OperationRow) -> None:
