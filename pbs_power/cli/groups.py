@@ -185,7 +185,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("name", metavar="NAME", type=group_name)
     p.add_argument("--strict", action="store_true", help="fail rather than fall back")
     p.add_argument("--allow-reprovision", action="store_true",
-                   help="lower other groups' policies to make room")
+                   help="lower other groups' policies to make room (never a group of "
+                        "higher priority; they are raised back as room frees up)")
     _async_partial_options(p)
 
     p = leaf(actions, "deactivate", "return the group's nodes to topology policies",

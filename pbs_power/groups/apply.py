@@ -173,15 +173,16 @@ class Applier:
             self.store.put_members(rows)
 
     def _notes(self, chosen: Sequence[Tuple[Change, Level]], notes: List[str]) -> None:
-        lower: Dict[str, List[str]] = {}
+        """``g runs Med on 1, Low on 2 host(s) below its plan``: levels below the best."""
+        lower: Dict[str, Dict[str, int]] = {}
         for change, level in chosen:
             if level != change.ladder[0]:
-                key = "%s waits at %s" % (change.entity if change.kind == DEACTIVATE else
-                                          change.group, level[0] or "uncapped")
-                lower.setdefault(key, []).append(change.entity)
-        for key, entities in sorted(lower.items()):
-            notes.append("%s (%d host(s): the budget has no room for more yet)"
-                         % (key, len(entities)))
+                counts = lower.setdefault(change.group or change.entity, {})
+                counts[level[0] or "uncapped"] = counts.get(level[0] or "uncapped", 0) + 1
+        for who, counts in sorted(lower.items()):
+            notes.append("%s runs %s host(s) below its plan: the budget had no more room "
+                         "when they were set" % (who, ", ".join(
+                             "%s on %d" % kv for kv in sorted(counts.items()))))
 
 
 def payload(topo, change: Change, level: Level) -> Dict[str, Any]:

@@ -197,12 +197,17 @@ class Planner:
 
     # -- ending a group ----------------------------------------------------------
     def restore(self, group_name: str, entities: Sequence[str]) -> List[Change]:
-        """Changes that send entities back to their topology policy, or as near as fits."""
+        """Changes that send entities back to their topology policy, never higher than
+        they count now: one below it waits at its level, and is raised when the freed
+        watts flow back (running groups first, see rebalance)."""
         out = []
         for e in entities:
             if e in self.topo.entities:
                 top = level_of(self.topo, e, self.topo.topology_policy(e))
-                out.append(Change(e, group_name, DEACTIVATE, ladder(self.topo, e, top)))
+                held = self.book.counted(e)
+                steps = ladder(self.topo, e, top)
+                fits = tuple(level for level in steps if level[1] <= held + EPS)
+                out.append(Change(e, group_name, DEACTIVATE, fits or steps[-1:]))
         return out
 
 

@@ -137,8 +137,8 @@ class OperationMixin:
         raised: Dict[Tuple[str, str], List[str]] = {}
         for change in changes:
             level = applied.levels.get(change.entity)
-            if level is not None and applied.outcomes[change.entity].ok:
-                key = (change.group or "idle nodes", level[0] or "uncapped")
+            if level is not None and applied.outcomes[change.entity].ok and change.group:
+                key = (change.group, level[0] or "uncapped")
                 raised.setdefault(key, []).append(change.entity)
         if raised and response is not None:
             text = ", ".join("%s to %s on %d host(s)" % (g, p, len(es))

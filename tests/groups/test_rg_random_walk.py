@@ -63,7 +63,7 @@ class Walk:
             for table in ("members", "groups", "operations", "power_ledger"):
                 svc.store._run("DELETE FROM %s" % table)
         answers = svc.controller.send([svc._request(topo, e, "topology_activate", {
-            "policy_action": "set", "policy": topo.topology_policy(e).to_dict()})
+            "policy_action": "set", "policy": topo.topology_policy(e).to_dict()}, 10.0)
             for e in topo.entities])
         assert all(a.success for a in answers.values())
 
