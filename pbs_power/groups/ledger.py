@@ -46,7 +46,13 @@ class Book:
         self.rows: Dict[str, Holding] = {r.entity: r for r in
                                          (Holding(*row) for row in store.ledger_rows())
                                          if r.entity in topo.entities}
-        self.usage = budget.usage(topo, {e: h.watts for e, h in self.rows.items()})
+        self.usage = budget.baseline(topo)
+        for e, h in self.rows.items():
+            policy = topo.topology_policy(e)
+            delta = h.watts - topo.node_watts(e, policy)
+            if delta:
+                for d in topo.domain_chain(e):
+                    self.usage[d] += delta
 
     def holding(self, entity: str) -> Holding:
         """The entity's entry (its topology level when it has none)."""

@@ -10,11 +10,11 @@ first: an idle node draws its idle watts whatever its cap.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import Dict, List, Optional, Tuple
 
 from .apply import DEACTIVATE, UPDATE, Change
 from .ledger import Book
-from .levels import EPS, gpu_limits, ladder, level_of
+from .levels import EPS, Level, gpu_limits, ladder, level_of
 
 
 def raises(topo, store) -> List[Change]:
@@ -29,15 +29,24 @@ def raises(topo, store) -> List[Change]:
         busy.update(m.entity for m in members)
         if g.status != "active":
             continue
+        wanted: Dict[Tuple[Optional[str], str, Optional[str]], Level] = {}
         for m in members:
-            held = book.holding(m.entity)
-            if m.state != "active" or not held.confirmed:
+            if m.state != "active" or m.applied_watts is None:
                 continue
             name = m.policy or g.policy
-            policy = topo.policies[name] if name else topo.topology_policy(m.entity)
             gpus = gpu_limits(m.gpu_policies)
-            top = level_of(topo, m.entity, policy, gpus)
-            if top[1] > held.watts + EPS:
+            entity = topo.entities[m.entity]
+            key = (name, entity.device.name, None if name else entity.policy)
+            top = wanted.get(key) if gpus is None else None
+            if top is None:
+                policy = topo.policies[name] if name else topo.topology_policy(m.entity)
+                top = level_of(topo, m.entity, policy, gpus)
+                if gpus is None:
+                    wanted[key] = top
+            if top[1] <= m.applied_watts + EPS:
+                continue
+            held = book.holding(m.entity)
+            if held.confirmed and top[1] > held.watts + EPS:
                 out.append(Change(m.entity, g.name, UPDATE,
                                   ladder(topo, m.entity, top, gpus, above=held.watts), gpus))
     for entity, held in sorted(book.rows.items()):

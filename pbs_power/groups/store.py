@@ -3,8 +3,8 @@
 Many prologs and epilogs run at once, each its own process, so every
 read-modify-write happens in one ``BEGIN IMMEDIATE`` transaction. The
 schema itself carries the invariants: an entity is the primary key of the
-members table (never in two groups), and watts are never stored twice:
-what an entity draws is derived from its single member row.
+members table (never in two groups) and of the power ledger, the one place
+the watts an entity counts against the budget are kept.
 """
 from __future__ import annotations
 
@@ -226,7 +226,8 @@ class GroupStore:
               m.entity, m.group_name) for m in rows])
 
     def allocations(self) -> Dict[str, MemberRow]:
-        """Members whose applied watts count: groups active or being activated."""
+        """Members of groups active or changing, with what is applied to them (for
+        display; the budget reads the power ledger)."""
         rows = self._rows("SELECT m.* FROM members m JOIN groups g ON g.name = m.group_name "
                           "WHERE g.status IN ('active', 'activating', 'deactivating') "
                           "AND m.applied_watts IS NOT NULL")
