@@ -130,6 +130,7 @@ class Applier:
                     refused[change.entity] = HostOutcome(False, first_problem)
                 else:
                     waiting.append(change)
+        book.flush()
         return chosen, waiting, refused
 
     def _settle(self, chosen: Sequence[Tuple[Change, Level]],
@@ -158,6 +159,7 @@ class Applier:
                                              member.applied_policy,
                                              book.counted(change.entity), state,
                                              result.diag_msg, member.gpu_policies))
+        book.flush()
         self.store.put_members(rows)
 
     def _refused(self, changes: Sequence[Change], refused: Mapping[str, HostOutcome]) -> None:

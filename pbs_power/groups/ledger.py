@@ -19,7 +19,7 @@ from typing import Dict, List, Mapping, Optional
 
 from . import budget
 from .execute import process_alive
-from .levels import EPS
+from .levels import EPS, topology_level
 
 
 @dataclass(frozen=True)
@@ -46,10 +46,10 @@ class Book:
         self.rows: Dict[str, Holding] = {r.entity: r for r in
                                          (Holding(*row) for row in store.ledger_rows())
                                          if r.entity in topo.entities}
+        self._dirty: Dict[str, Optional[Holding]] = {}    # written by flush()
         self.usage = budget.baseline(topo)
         for e, h in self.rows.items():
-            policy = topo.topology_policy(e)
-            delta = h.watts - topo.node_watts(e, policy)
+            delta = h.watts - topology_level(topo, e)[1]
             if delta:
                 for d in topo.domain_chain(e):
                     self.usage[d] += delta
@@ -59,9 +59,8 @@ class Book:
         found = self.rows.get(entity)
         if found is not None:
             return found
-        policy = self.topo.topology_policy(entity)
-        return Holding(entity, self.topo.node_watts(entity, policy),
-                       policy.name if policy is not None else None)
+        name, watts = topology_level(self.topo, entity)
+        return Holding(entity, watts, name)
 
     def counted(self, entity: str) -> float:
         return self.holding(entity).watts
@@ -102,16 +101,21 @@ class Book:
         if abs(new.watts - old) > EPS:
             for d in self.topo.domain_chain(new.entity):
                 self.usage[d] += new.watts - old
-        topo_policy = self.topo.topology_policy(new.entity)
-        at_topology = (new.told is None and new.policy ==
-                       (topo_policy.name if topo_policy is not None else None) and
-                       abs(new.watts - self.topo.node_watts(new.entity, topo_policy)) <= EPS)
+        name, watts = topology_level(self.topo, new.entity)
+        at_topology = (new.told is None and new.policy == name and
+                       abs(new.watts - watts) <= EPS)
         if at_topology:
             self.rows.pop(new.entity, None)
-            self.store.drop_ledger([new.entity])
+            self._dirty[new.entity] = None
         else:
-            self.rows[new.entity] = new
-            self.store.put_ledger([(new.entity, new.watts, new.policy, new.told, new.sender)])
+            self.rows[new.entity] = self._dirty[new.entity] = new
+
+    def flush(self) -> None:
+        """Write the entries changed since the last flush (in the caller's transaction)."""
+        self.store.drop_ledger([e for e, h in self._dirty.items() if h is None])
+        self.store.put_ledger([(h.entity, h.watts, h.policy, h.told, h.sender)
+                               for h in self._dirty.values() if h is not None])
+        self._dirty = {}
 
 
 def domain_usage(topo, store) -> Dict[str, float]:

@@ -38,9 +38,30 @@ def level_of(topo, entity: str, policy: Optional[PolicyObject],
     return (policy.name if policy is not None else None, watts)
 
 
+def topology_level(topo, entity: str) -> Level:
+    """The level of the entity's topology policy (memoised on the topology object)."""
+    cache = topo.__dict__.setdefault("_topology_levels", {})
+    found = cache.get(entity)
+    if found is None:
+        found = cache[entity] = level_of(topo, entity, topo.topology_policy(entity))
+    return found
+
+
 def ladder(topo, entity: str, top: Level, gpus: Optional[Mapping[str, float]] = None,
            above: float = -1.0) -> Tuple[Level, ...]:
     """``top``, then every lower topology policy's level (distinct watts) above ``above``."""
+    if gpus:
+        return _ladder(topo, entity, top, gpus, above)
+    cache = topo.__dict__.setdefault("_ladders", {})
+    key = (topo.entities[entity].device.node, top, above)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _ladder(topo, entity, top, None, above)
+    return found
+
+
+def _ladder(topo, entity: str, top: Level, gpus: Optional[Mapping[str, float]],
+            above: float) -> Tuple[Level, ...]:
     out: List[Level] = [top]
     for policy in topo.policies_by_node_watts(entity):
         name, watts = level_of(topo, entity, policy, gpus)
@@ -104,5 +125,5 @@ def plan_gpus(topo, entity: str, node_policy: Optional[PolicyObject],
     return planned, notes
 
 
-__all__ = ["Level", "EPS", "gpu_limits", "gpu_need", "level_of", "ladder", "step_down",
-           "names", "plan_gpus"]
+__all__ = ["Level", "EPS", "gpu_limits", "gpu_need", "level_of", "topology_level", "ladder",
+           "step_down", "names", "plan_gpus"]

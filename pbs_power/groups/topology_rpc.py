@@ -86,3 +86,4 @@ def _book_topology(topo, store, outcomes) -> None:
             book.confirm(entity, watts, policy.name if policy is not None else None)
         else:
             book.reserve_anyway(entity, watts)
+    book.flush()
