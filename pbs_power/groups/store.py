@@ -39,6 +39,11 @@ SCHEMA = (
     "CREATE TABLE IF NOT EXISTS power_ledger (entity TEXT PRIMARY KEY, watts REAL NOT NULL, "
     "policy TEXT, told REAL, sender INTEGER)",
 )
+#: A database from before the ledger: what active groups applied is what their nodes count.
+SEED_LEDGER = ("INSERT OR IGNORE INTO power_ledger (entity, watts, policy) "
+               "SELECT m.entity, m.applied_watts, m.applied_policy FROM members m "
+               "JOIN groups g ON g.name = m.group_name "
+               "WHERE g.status != 'inactive' AND m.applied_watts IS NOT NULL")
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,12 @@ class GroupStore:
             self._conn = connect(self.path, timeout)
             self._conn.execute("PRAGMA foreign_keys = ON")
             with self.transaction():
+                had_ledger = self._rows("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                        "AND name = 'power_ledger'")
                 for statement in SCHEMA:
                     self._conn.execute(statement)
+                if not had_ledger:
+                    self._conn.execute(SEED_LEDGER)
         except sqlite3.Error as exc:
             raise StoreError("resource-group database %s: %s" % (self.path, exc)) from None
 

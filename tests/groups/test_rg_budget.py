@@ -227,3 +227,15 @@ def test_partial_threshold_holds_on_update(svc, tmp_path):
     assert not r.status.ok
     assert violations(failing) == []
     failing.close()
+
+
+def test_a_database_from_before_the_ledger_counts_what_active_groups_applied(svc, tmp_path):
+    group(svc, "g", ["n7", "n8"], "High")
+    assert svc.activate("g").status.ok
+    with svc.store.transaction():
+        svc.store._run("DROP TABLE power_ledger")
+    svc.close()
+    reopened = open_service(tmp_path)
+    assert counted(reopened, "rack-b") == 44000             # 2 x 10 kW + 4 x 6 kW
+    assert violations(reopened) == []
+    reopened.close()
