@@ -5,8 +5,7 @@ controller and request builder.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .policy import GPUPolicies
