@@ -53,6 +53,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def positive_int(text: str) -> int:
+    value = non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be an integer >= 1, got %r" % text)
+    return value
+
+
 def percent(text: str) -> float:
     value = _float(text)
     if not 0 <= value <= 100:
@@ -194,7 +201,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("name", metavar="NAME", type=group_name)
     p.add_argument("--strict", action="store_true", help="fail rather than fall back")
     p.add_argument("--allow-reprovision", action="store_true",
-                   help="lower other groups' policies to make room")
+                   help="lower other groups' policies to make room (never a group of "
+                        "higher priority; they are raised back as room frees up)")
     _async_partial_options(p)
 
     p = leaf(actions, "deactivate", "return the group's nodes to topology policies",
@@ -269,7 +277,7 @@ def _async_partial_options(p: argparse.ArgumentParser, sync: bool = True) -> Non
     how.add_argument("--async-wait", type=seconds, metavar="SECONDS",
                      help="return after SECONDS (0: at once)")
     least = p.add_mutually_exclusive_group()
-    least.add_argument("--at-least-n-hosts", type=non_negative_int, metavar="N",
+    least.add_argument("--at-least-n-hosts", type=positive_int, metavar="N",
                        help="succeed when at least N hosts activate")
     least.add_argument("--at-least-percent-hosts", type=percent, metavar="P",
                        help="succeed when at least P%% of the hosts activate")
@@ -472,8 +480,10 @@ def run_gpu_policy(service: Any, args: argparse.Namespace) -> int:
     lines, errors = [], []
     for node, results in by_node.items():
         if all(r.ok for r in results):
-            lines.append("%s: GPU limits set: %s" % (node, ", ".join(
-                "%d=%.0f W" % (r.gpu_id, r.set_limit) for r in results)))
+            notes = ["GPU %d: %s" % (r.gpu_id, r.diag_msg) for r in results if r.diag_msg]
+            lines.append("%s: GPU limits set: %s%s" % (node, ", ".join(
+                "%d=%.0f W" % (r.gpu_id, r.set_limit) for r in results),
+                " (%s)" % "; ".join(notes) if notes else ""))
         else:
             diags = list(dict.fromkeys(r.diag_msg for r in results if not r.ok))
             errors.append("%s: %s" % (node, "; ".join(diags)) if not all(

@@ -304,10 +304,10 @@ def _policy_doc(topo: Any, policy: Any) -> Dict[str, Any]:
 
 
 def run_show(service: Any, args: argparse.Namespace) -> int:
-    from pbs_power.groups import budget
+    from pbs_power.groups.ledger import domain_usage
     topo, active = _stored(service)
-    alloc = {e: m.applied_watts for e, m in service.store.allocations().items()}
-    used = budget.usage(topo, alloc)
+    with service.store.transaction():
+        used = domain_usage(topo, service.store)
     domains = []
     for name, dom in topo.domains.items():
         depth, at = 0, dom.parent

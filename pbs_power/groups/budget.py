@@ -1,9 +1,8 @@
 """Power-budget arithmetic over a topology's domain tree. Pure: no I/O.
 
-Every entity counts, in every domain above it, the watts its applied policy
-allows: its resource group's applied policy when it is in an active group,
-else its topology policy. A change fits when no domain on the way up goes
-over its budget.
+Every entity counts, in every domain above it, the watts the power ledger
+holds for it (see ledger.py), else its topology policy's. A change fits
+when no domain on the way up goes over its budget.
 """
 from __future__ import annotations
 
@@ -38,6 +37,15 @@ def usage(topology, allocations: Mapping[str, float]) -> Dict[str, float]:
         for domain in topology.domain_chain(entity):
             out[domain] += watts
     return out
+
+
+def baseline(topology) -> Dict[str, float]:
+    """Watts per domain with every entity at its topology policy (computed once per
+    topology object; a copy, so callers may change it)."""
+    cache = topology.__dict__.get("_baseline_usage")
+    if cache is None:
+        cache = topology.__dict__["_baseline_usage"] = usage(topology, {})
+    return dict(cache)
 
 
 def overruns(topology, current: Mapping[str, float], now_watts: Mapping[str, float],
@@ -80,4 +88,4 @@ def describe(found: Sequence[Overrun]) -> str:
     return "; ".join(str(o) for o in found)
 
 
-__all__: Tuple[str, ...] = ("Overrun", "usage", "overruns", "step_down", "watts_of", "describe")
+__all__: Tuple[str, ...] = ("Overrun", "usage", "baseline", "overruns", "step_down", "watts_of", "describe")

@@ -1,12 +1,13 @@
-"""Carry a planned resource-group operation out on the devices.
+"""Send a resource-group operation's device requests, counting progress per host.
 
-An operation (activate, update, update_resources, deactivate) is first
-planned and recorded in the store inside one transaction (watts reserved,
-so concurrent activations see them); then its device requests are sent
-here, progress is counted in the store as responses arrive, and the group
-is settled in a last transaction. The same code runs in the calling process
-(synchronous) or in a detached worker (`python -m pbs_power.groups.worker`)
-that outlives a prolog which asked for asynchronous activation.
+An operation (activate, update, update_resources, deactivate) is planned
+and recorded in the store; its changes are carried out by `apply.Applier`,
+whose device requests go out here: progress is written to the store as
+answers arrive (at once when a waiting caller's threshold is reached), and
+a cancellation (a delete during an asynchronous activation) stops the
+sending. The same code runs in the calling process (synchronous) or in a
+detached worker (`python -m pbs_power.groups.worker`) that outlives a
+prolog which asked for asynchronous activation.
 """
 from __future__ import annotations
 
@@ -15,13 +16,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
-from pbs_power._records import evolve
-from .store import GroupStore, MemberRow, OperationRow
+from .store import GroupStore
 
-#: Responses between two progress writes to the store, and at most this often (s).
-PROGRESS_EVERY = 8
+#: Progress is written at least this often (s) while answers arrive.
 PROGRESS_MIN_INTERVAL = 0.05
 
 
@@ -33,6 +32,8 @@ class HostOutcome:
     diag_msg: str = ""
     policy: Optional[str] = None
     power_cap_watts: Optional[float] = None
+    #: the device's per-GPU results (GPU limit changes), not part of the answer's dict
+    gpus: Tuple[Any, ...] = ()
 
     def to_dict(self) -> Dict[str, Any]:
         return {"ok": self.ok, "diag_msg": self.diag_msg, "policy": self.policy,
@@ -40,13 +41,14 @@ class HostOutcome:
 
 
 def required_successes(n: int, partial: Mapping[str, Any]) -> int:
-    """Hosts that must succeed: all, or at least N / a fraction of them."""
+    """Hosts that must succeed: all, or at least N / a fraction of them (never 0 of n > 0)."""
     if partial.get("atleast_n_hosts") is not None:
-        return min(n, int(partial["atleast_n_hosts"]))
-    if partial.get("atleast_frac_hosts") is not None:
-        frac = float(partial["atleast_frac_hosts"])
-        return min(n, max(0, int(-(-frac * n // 1))))       # ceil
-    return n
+        need = int(partial["atleast_n_hosts"])
+    elif partial.get("atleast_frac_hosts") is not None:
+        need = int(-(-float(partial["atleast_frac_hosts"]) * n // 1))       # ceil
+    else:
+        need = n
+    return min(n, max(1, need))
 
 
 def spawn_worker(state_dir: str, op_id: str) -> int:
@@ -59,50 +61,48 @@ def spawn_worker(state_dir: str, op_id: str) -> int:
     return proc.pid
 
 
-def run_requests(store: GroupStore, controller, op: OperationRow, requests: Sequence,
-                 ) -> Dict[str, HostOutcome]:
-    """Send ``requests`` through the controller, counting progress in the store."""
-    outcomes: Dict[str, HostOutcome] = {}
-    ok = bad = 0
-    written = time.monotonic()
-    for i, resp in enumerate(controller.stream(requests), 1):
-        policy = (resp.policy or {}).get("name") if resp.success else None
-        outcomes[resp.device] = HostOutcome(resp.success, resp.error, policy, resp.power_cap_watts)
-        ok, bad = (ok + 1, bad) if resp.success else (ok, bad + 1)
-        if i % PROGRESS_EVERY == 0 and time.monotonic() - written >= PROGRESS_MIN_INTERVAL:
-            written = time.monotonic()
-            with store.transaction():
-                store.set_operation(op.id, n_success=ok, n_failed=bad)
-    with store.transaction():
-        store.set_operation(op.id, n_success=ok, n_failed=bad)
-    return outcomes
+def run_requests(store: GroupStore, controller, op_id: Optional[str], requests: Sequence,
+                 wait_for: Optional[int] = None,
+                 cancelled: Callable[[], bool] = lambda: False) -> Dict[str, HostOutcome]:
+    """Send ``requests``; add each answer to the operation's progress in the store.
 
-
-def settle_members(members: Sequence[MemberRow], outcomes: Mapping[str, HostOutcome],
-                   planned: Mapping[str, Tuple[Optional[str], float]],
-                   fallback: Mapping[str, Tuple[Optional[str], Optional[float]]]
-                   ) -> List[MemberRow]:
-    """Member rows after an operation: planned values where the device took them.
-
-    A host whose device failed keeps ``fallback`` (what it had before), so
-    its watts are never counted at a value the hardware does not hold.
+    Progress is written when ``wait_for`` hosts are done (a caller waits for
+    that), and otherwise at most every PROGRESS_MIN_INTERVAL. When
+    ``cancelled()`` turns true the rest is abandoned: those hosts fail with
+    "cancelled", and the ledger keeps counting them at their higher value.
     """
-    out = []
-    for m in members:
-        if m.entity not in planned:
-            out.append(m)
-            continue
-        result = outcomes.get(m.entity)
-        if result is not None and result.ok:
-            name, watts = planned[m.entity]
-            out.append(evolve(m, applied_policy=name, applied_watts=watts, state="active",
-                               diag=""))
-        else:
-            name, watts = fallback.get(m.entity, (None, None))
-            diag = result.diag_msg if result is not None else "no answer"
-            out.append(evolve(m, applied_policy=name, applied_watts=watts,
-                               state="failed" if watts is None else m.state, diag=diag))
-    return out
+    outcomes: Dict[str, HostOutcome] = {}
+    op = store.operation(op_id) if op_id else None
+    ok, bad = (op.n_success, op.n_failed) if op else (0, 0)
+    written = checked = time.monotonic()
+    stream = controller.stream(requests)
+    try:
+        for resp in stream:
+            policy = (resp.policy or {}).get("name") if resp.success else None
+            outcomes[resp.device] = HostOutcome(resp.success, resp.error, policy,
+                                                resp.power_cap_watts, tuple(resp.gpu_results))
+            ok, bad = (ok + 1, bad) if resp.success else (ok, bad + 1)
+            now = time.monotonic()
+            if op is not None and (ok + bad == wait_for or now - written >= PROGRESS_MIN_INTERVAL):
+                written = now
+                with store.transaction():
+                    store.set_operation(op.id, n_success=ok, n_failed=bad)
+            if now - checked >= PROGRESS_MIN_INTERVAL:
+                checked = now
+                if cancelled():
+                    break
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+    for req in requests:
+        if req.device not in outcomes:
+            outcomes[req.device] = HostOutcome(False, "cancelled before the device answered")
+            bad += 1
+    if op is not None:
+        with store.transaction():
+            store.set_operation(op.id, n_success=ok, n_failed=bad)
+    return outcomes
 
 
 def process_alive(pid: int) -> bool:
@@ -116,5 +116,4 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-__all__ = ["HostOutcome", "required_successes", "spawn_worker", "run_requests",
-           "settle_members", "process_alive"]
+__all__ = ["HostOutcome", "required_successes", "spawn_worker", "run_requests", "process_alive"]

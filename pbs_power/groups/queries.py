@@ -5,12 +5,10 @@ controller and request builder.
 """
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from . import budget
-from .policy import GPUPolicies, PolicyElementType, PolicyLimit, PolicyObject, PowerLimit
+from .policy import GPUPolicies
 from .execute import process_alive
 from .store import MemberRow
 
@@ -123,41 +121,44 @@ class QueryMixin:
 
     # -- GPU policies --------------------------------------------------------------
     def update_gpu_policies(self, node_gpu_policies: Mapping[str, GPUPolicies]) -> QueryAnswer:
-        """Set per-GPU limits on nodes of active groups, raising node limits to fit.
+        """Set per-GPU limits on nodes of active groups, with the node limit they need.
 
         Every GPU of a node must be named or that node fails; one call may
-        touch several groups.
+        touch several groups. A null limit means the node policy's GPU limit
+        (else the GPU's default); a value outside the GPU's range is clamped
+        and the result says so. The node limit becomes the larger of its
+        policy's and what the GPUs need, reserved in the ledger like any
+        other change, and sent to the device with the GPU limits.
         """
+        from .apply import UPDATE, Change
+        from .levels import level_of, plan_gpus
         topo, _active = self.topology()
         results: List[GPUResult] = []
-        requests, input_errors = [], 0
+        changes, clamped, input_errors = [], {}, 0
         with self.store.transaction():
-            alloc = {e: m.applied_watts for e, m in self.store.allocations().items()}
-            usage = budget.usage(topo, alloc) if topo else {}
             for node, policies in node_gpu_policies.items():
                 member, err = self._gpu_target(topo, node, policies)
                 if err:
                     results += _all_failed(node, policies, err)
                     input_errors += 1
                     continue
-                planned, required = _gpu_watts(topo.entities[node].device, policies)
-                before = member.applied_watts or 0.0
-                over = budget.overruns(topo, usage, {node: before},
-                                       {node: max(before, required)})
-                if over:
-                    results += _all_failed(node, policies, "node limit must rise to %.0f W: %s"
-                                           % (required, budget.describe(over)))
-                    continue
-                for d in topo.domain_chain(node):
-                    usage[d] += max(before, required) - before
-                new = replace(member, applied_watts=max(before, required),
-                              gpu_policies=json.dumps({str(g): w for g, w in planned.items()}))
-                self.store.put_members([new])
-                requests.append(self._gpu_request(topo, new, planned))
-        # A node whose device failed keeps the raised reservation: its limit may
-        # have been raised already, and counting too many watts is the safe error.
-        for node, resp in (self.controller.send(requests) if requests else {}).items():
-            results += _gpu_results(node, resp)
+                group = self.store.group(member.group_name)
+                name = member.policy or group.policy
+                policy = topo.policies[name] if name else topo.topology_policy(node)
+                planned, clamped[node] = plan_gpus(topo, node, policy, policies)
+                level = level_of(topo, node, policy, planned)
+                changes.append(Change(node, member.group_name, UPDATE, (level,), planned))
+        applied = self._applier(topo, None).run(changes) if changes else None
+        for change in changes:
+            outcome = applied.outcomes.get(change.entity)
+            ids = sorted(int(g) for g in change.gpus)
+            if change.entity not in applied.levels:
+                results += [GPUResult(change.entity, g, False, None, "%s: node limit must rise "
+                                      "to %.0f W: %s" % (change.entity, change.ladder[0][1],
+                                                         outcome.diag_msg)) for g in ids]
+                continue
+            results += _gpu_results(change.entity, outcome, ids, clamped[change.entity])
+        self._flow_back()
         bad = [r for r in results if not r.ok]
         code = "ok" if not bad else ("invalid" if input_errors == len(node_gpu_policies)
                                      else "failed")
@@ -187,36 +188,25 @@ class QueryMixin:
             return None, "its activation failed (%s)" % member.diag
         return member, ""
 
-    def _gpu_request(self, topo, member: MemberRow, planned: Mapping[int, float]):
-        node_policy = PolicyObject("%s+gpu" % (member.applied_policy or "topology"),
-                                   (PolicyLimit(PolicyElementType.NODE,
-                                                PowerLimit(watts=member.applied_watts)),))
-        return self._request(topo, member.entity, "gpu_policies_update", {
-            "resource_group": member.group_name, "gpu_policy_action": "set",
-            "current_policy": node_policy.to_dict(),
-            "gpu_policies": [{"gpu_id": g, "power_limit": {"watts": w}}
-                             for g, w in sorted(planned.items())]})
-
-
-def _gpu_watts(spec, policies: GPUPolicies) -> Tuple[Dict[int, float], float]:
-    """Each GPU's watts (clamped to its range; None = its default) and the node need."""
-    gpu = spec.gpu
-    planned = {}
-    for p in policies.policies:
-        watts = gpu.default_watts if p.power_limit is None else p.power_limit.resolve(gpu.max_watts)
-        planned[p.gpu_id] = min(max(watts, gpu.min_watts), gpu.max_watts)
-    return planned, spec.non_gpu_max_watts + sum(planned.values())
-
 
 def _all_failed(node: str, policies: GPUPolicies, diag: str) -> List[GPUResult]:
     ids = [p.gpu_id for p in policies.policies] or [0]
     return [GPUResult(node, g, False, None, "%s: %s" % (node, diag)) for g in ids]
 
 
-def _gpu_results(node: str, resp) -> List[GPUResult]:
-    """Per-GPU results; a device that failed as a whole fails every GPU it did not report."""
-    results = [GPUResult(node, r.gpu_id, r.ok, r.power_cap_watts if r.ok else None,
-                         r.diag_msg) for r in resp.gpu_results]
-    if not resp.success and not results:
-        results = [GPUResult(node, 0, False, None, resp.error)]
-    return results
+def _gpu_results(node: str, outcome, ids: List[int], clamped: Mapping[int, str]
+                 ) -> List[GPUResult]:
+    """Per-GPU results: the device's, with a note where the request was clamped; a device
+    that failed as a whole fails every GPU it did not report."""
+    reported = {r.gpu_id: r for r in outcome.gpus}
+    out = []
+    for g in ids:
+        r = reported.get(g)
+        if r is not None:
+            note = "; ".join(x for x in (clamped.get(g, ""), r.diag_msg) if x)
+            ok = r.ok and outcome.ok
+            out.append(GPUResult(node, g, ok, r.power_cap_watts if ok else None,
+                                 note if ok else (r.diag_msg or outcome.diag_msg)))
+        else:
+            out.append(GPUResult(node, g, False, None, outcome.diag_msg or "no answer"))
+    return out

@@ -3,8 +3,8 @@
 Many prologs and epilogs run at once, each its own process, so every
 read-modify-write happens in one ``BEGIN IMMEDIATE`` transaction. The
 schema itself carries the invariants: an entity is the primary key of the
-members table (never in two groups), and watts are never stored twice:
-what an entity draws is derived from its single member row.
+members table (never in two groups) and of the power ledger, the one place
+the watts an entity counts against the budget are kept.
 """
 from __future__ import annotations
 
@@ -36,7 +36,14 @@ SCHEMA = (
     "n_success INTEGER NOT NULL DEFAULT 0, n_failed INTEGER NOT NULL DEFAULT 0, "
     "completed INTEGER NOT NULL DEFAULT 0, worker_pid INTEGER, request TEXT, result TEXT)",
     "CREATE TABLE IF NOT EXISTS device_state (device TEXT PRIMARY KEY, state TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS power_ledger (entity TEXT PRIMARY KEY, watts REAL NOT NULL, "
+    "policy TEXT, told REAL, sender INTEGER)",
 )
+#: A database from before the ledger: what active groups applied is what their nodes count.
+SEED_LEDGER = ("INSERT OR IGNORE INTO power_ledger (entity, watts, policy) "
+               "SELECT m.entity, m.applied_watts, m.applied_policy FROM members m "
+               "JOIN groups g ON g.name = m.group_name "
+               "WHERE g.status != 'inactive' AND m.applied_watts IS NOT NULL")
 
 
 @dataclass(frozen=True)
@@ -113,8 +120,12 @@ class GroupStore:
             self._conn = connect(self.path, timeout)
             self._conn.execute("PRAGMA foreign_keys = ON")
             with self.transaction():
+                had_ledger = self._rows("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                        "AND name = 'power_ledger'")
                 for statement in SCHEMA:
                     self._conn.execute(statement)
+                if not had_ledger:
+                    self._conn.execute(SEED_LEDGER)
         except sqlite3.Error as exc:
             raise StoreError("resource-group database %s: %s" % (self.path, exc)) from None
 
@@ -224,11 +235,24 @@ class GroupStore:
               m.entity, m.group_name) for m in rows])
 
     def allocations(self) -> Dict[str, MemberRow]:
-        """Members whose applied watts count: groups active or being activated."""
+        """Members of groups active or changing, with what is applied to them (for
+        display; the budget reads the power ledger)."""
         rows = self._rows("SELECT m.* FROM members m JOIN groups g ON g.name = m.group_name "
                           "WHERE g.status IN ('active', 'activating', 'deactivating') "
                           "AND m.applied_watts IS NOT NULL")
         return {r[0]: MemberRow(*r) for r in rows}
+
+    # -- the power ledger (see ledger.py) -------------------------------------
+    def ledger_rows(self) -> List[tuple]:
+        """(entity, watts, policy, told, sender) of each entity not plainly at its topology policy."""
+        return self._rows("SELECT entity, watts, policy, told, sender FROM power_ledger")
+
+    def put_ledger(self, rows: Sequence[tuple]) -> None:
+        self._conn.executemany("INSERT OR REPLACE INTO power_ledger VALUES (?, ?, ?, ?, ?)", rows)
+
+    def drop_ledger(self, entities: Sequence[str]) -> None:
+        self._conn.executemany("DELETE FROM power_ledger WHERE entity = ?",
+                               [(e,) for e in entities])
 
     # -- operations ----------------------------------------------------------
     def insert_operation(self, op: OperationRow) -> None:

@@ -42,7 +42,7 @@ class TopologyMixin:
         topo, is_active = self.topology()
         if topo is None:
             return fail("no topology: import one first", "invalid")
-        if not active and self.store.groups(active_only=True):
+        if any(g.status != "inactive" for g in self.store.groups()):
             return fail("active resource groups exist; delete them first")
         kind = "topology_activate" if active else "topology_deactivate"
         requests = [self._request(topo, e, kind, {
@@ -51,6 +51,8 @@ class TopologyMixin:
         outcomes = outcomes_of(self.controller.send(requests))
         with self.store.transaction():
             self.store.put_topology(topo.to_dict(), active, self.clock())
+            if active:
+                _book_topology(topo, self.store, outcomes)
         failed = sorted(e for e, o in outcomes.items() if not o.ok)
         msg = "topology %s %s" % (topo.name, "active" if active else "inactive")
         if failed:
@@ -73,3 +75,15 @@ class TopologyMixin:
         return Status(True, "policy %s created" % policy.name)
 
 
+def _book_topology(topo, store, outcomes) -> None:
+    """The ledger after topology activation: confirmed where the device took it."""
+    from .ledger import Book
+    book = Book(topo, store)
+    for entity, outcome in outcomes.items():
+        policy = topo.topology_policy(entity)
+        watts = topo.node_watts(entity, policy)
+        if outcome.ok:
+            book.confirm(entity, watts, policy.name if policy is not None else None)
+        else:
+            book.reserve_anyway(entity, watts)
+    book.flush()

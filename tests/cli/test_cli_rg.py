@@ -227,7 +227,9 @@ def test_gpu_policy(active):
     cli.ok("resource-group", "activate", "rg_g")
     out = cli.ok("gpu-policy", "--node", "gpu017=300,300,300,300,300,300,80%,-")
     assert out.strip() == ("gpu017: GPU limits set: 0=300 W, 1=300 W, 2=300 W, 3=300 W, "
-                           "4=300 W, 5=300 W, 6=560 W, 7=700 W")
+                           "4=300 W, 5=300 W, 6=560 W, 7=560 W")   # -: Node-Med's GPU 80%
+    out = cli.ok("gpu-policy", "--node", "gpu017=" + ",".join(["900"] + ["250"] * 7))
+    assert "GPU 0: requested 900 W, clamped to 700 W" in out
     out = cli.ok("gpu-policy", "--node", "gpu[017-018]=" + ",".join(["250"] * 8))
     assert out.count("GPU limits set") == 2
     code, out, err = cli("gpu-policy", "--node", "gpu018=300,300")

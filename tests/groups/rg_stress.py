@@ -10,7 +10,7 @@ import random
 import sys
 import time
 
-from pbs_power.groups import budget
+from pbs_power.groups.ledger import Book
 from pbs_power.groups.service import ResourceGroupService
 
 ENTITIES = ["n%03d" % i for i in range(1, 129)]
@@ -43,10 +43,9 @@ def checker(state_dir, seconds):
     end = time.time() + seconds
     while time.time() < end:
         with svc.store.transaction():
-            alloc = {e: m.applied_watts for e, m in svc.store.allocations().items()}
+            usage = Book(topo, svc.store).usage
             dup = svc.store._rows("SELECT entity, COUNT(*) FROM members GROUP BY entity "
                                   "HAVING COUNT(*) > 1")
-        usage = budget.usage(topo, alloc)
         over = [d for d, w in usage.items()
                 if topo.domains[d].budget_watts is not None and w > topo.domains[d].budget_watts]
         violations += len(dup) + len(over)

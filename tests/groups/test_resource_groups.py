@@ -109,7 +109,7 @@ def test_reprovision_takes_lowest_priority_first_and_respects_floors(svc):
     group(svc, "rg_cheap", ["a2"], "High", properties={"priority": 1, "min_policy": "Low"})
     for name in ("rg_keep", "rg_cheap"):
         assert svc.activate(name).status.ok
-    group(svc, "rg_new", ["a3", "a4"], "High")
+    group(svc, "rg_new", ["a3", "a4"], "High", properties={"priority": 5})   # never above its own
     assert svc.activate("rg_new", allow_reprovision=True).status.ok
     assert applied(svc, "rg_cheap") == {"a2": "Low"}       # lowered first, stopped at its floor
     assert applied(svc, "rg_keep") == {"a1": "Low"}        # then the higher priority one

@@ -66,10 +66,11 @@ def test_process_killed_mid_activation_is_repaired(tmp_path):
     victim = run("activate", tmp_path, "rg_k")
     assert victim.stdout.readline().strip() == "started"
     deadline = time.time() + 20
-    while svc.store.group("rg_k").status != "activating":
-        assert time.time() < deadline
+    while sorted(svc.store.ledger_rows()) != [("n001", 1000.0, "Low", 1000.0, victim.pid),
+                                              ("n002", 1000.0, "Low", 1000.0, victim.pid)]:
+        assert time.time() < deadline                         # reserved once each, unconfirmed
         time.sleep(0.05)
-    assert set(svc.store.allocations()) == {"n001", "n002"}     # reserved once each
+    assert svc.store.group("rg_k").status == "activating"
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
     listed = svc.list().resource_groups[0]
@@ -78,4 +79,5 @@ def test_process_killed_mid_activation_is_repaired(tmp_path):
     assert r.status.ok, r.status
     assert "interrupted" in svc.list().resource_groups[0].diag
     assert svc.delete("rg_k").status.ok and svc.store.allocations() == {}
+    assert svc.store.ledger_rows() == []                      # confirmed back at Low
     svc.close()
