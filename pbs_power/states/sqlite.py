@@ -38,28 +38,25 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def check_database_file(path: str) -> None:
-    """StoreError if ``path`` exists but is no SQLite database: empty or foreign.
+    """StoreError if ``path`` exists but is empty: a truncated database.
 
     pbs_power only ever puts a fully formed database at its path (see `connect`),
-    so an empty file is a truncated one: starting afresh over it would forget the
-    topology, the active groups and the hosts in transition without a word.
+    so an empty file is damage: starting afresh over it would forget the topology,
+    the active groups and the hosts in transition without a word. Only stat() is
+    used: opening and closing the file would drop the POSIX locks SQLite holds on
+    it in this process (a file that is not SQLite is caught by `connect`).
     """
     try:
-        with open(path, "rb") as f:
-            head = f.read(len(SQLITE_HEADER))
+        size = os.stat(path).st_size
     except FileNotFoundError:
         return
     except OSError as exc:
         raise StoreError(f"state database {path} cannot be read ({exc.strerror}); "
                          f"fix its owner/permissions") from None
-    if not head:
+    if size == 0:
         raise StoreError(f"state database {path} is empty (0 bytes): it was truncated or "
                          f"damaged; restore it from a backup, or move it aside (with its "
                          f"-wal and -shm files) to start with no state")
-    if head != SQLITE_HEADER:
-        raise StoreError(f"state database {path} is corrupt: not an SQLite database "
-                         f"(overwritten or damaged); restore it from a backup, or move the "
-                         f"file aside (with its -wal and -shm files) to start with no state")
 
 
 def database_error(path: str, exc: BaseException) -> StoreError:
@@ -104,6 +101,14 @@ def connect(path: str, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
                     raise
                 time.sleep(0.05)
         conn.execute("PRAGMA synchronous = NORMAL")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        if "not a database" in str(exc):
+            raise StoreError(f"state database {path} is corrupt: not an SQLite database "
+                             f"(overwritten or damaged); restore it from a backup, or move the "
+                             f"file aside (with its -wal and -shm files) to start with no "
+                             f"state") from None
+        raise
     except BaseException:
         conn.close()
         raise
