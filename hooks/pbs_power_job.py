@@ -33,8 +33,12 @@ def _pbs_power_add_python_path(config_file):
     # once (server events share one interpreter, so sys.path persists).
     if not config_file:
         return
-    with open(config_file) as handle:
-        paths = json.load(handle).get("python_path") or []
+    try:
+        with open(config_file) as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError("hook config %s unreadable: %s" % (config_file, exc))
+    paths = (doc.get("python_path") if isinstance(doc, dict) else None) or []
     if isinstance(paths, str):
         paths = [paths]
     for path in reversed(paths):
@@ -50,7 +54,7 @@ def _pbs_power_handle(event, config_file):
         return pbs_jobs.on_runjob(pbs, config_file)
     if event.type == getattr(pbs, "JOBOBIT", 0x800000):
         return pbs_jobs.on_jobobit(pbs, config_file)
-    pbs.logmsg(pbs.LOG_WARNING, "pbs_power_job: event type %s not handled; accepted"
+    pbs.logmsg(pbs.LOG_WARNING, "pbs_power: event type %s not handled; accepted"
                % (event.type,))
     return None
 
@@ -64,10 +68,10 @@ def _pbs_power_main():
         raise
     except Exception as exc:
         import traceback
-        pbs.logmsg(pbs.LOG_ERROR, "pbs_power_job: internal error, event accepted: "
+        pbs.logmsg(pbs.LOG_ERROR, "pbs_power: internal error, event accepted: "
                    "%s: %s" % (type(exc).__name__, exc))
         for line in traceback.format_exc().splitlines():
-            pbs.logmsg(pbs.LOG_DEBUG, "pbs_power_job: " + line)
+            pbs.logmsg(getattr(pbs, "EVENT_DEBUG3", pbs.LOG_DEBUG), "pbs_power: " + line)
     if outcome is not None and not outcome.accept:
         event.reject(outcome.message)
     event.accept()
