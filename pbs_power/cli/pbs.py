@@ -148,7 +148,9 @@ def _plan(args: argparse.Namespace) -> tuple:
     config = args.config or os.path.join(hooks_dir, pi.DEFAULT_CONFIG_NAME)
     prepared = prepare_config(config, args.python_path, args.output_config)
     try:
-        steps = pi.install_steps(hooks_dir, prepared.path)
+        from pbs_power.config.hook_config import load_config
+        steps = pi.install_steps(hooks_dir, prepared.path,
+                                 load_config(prepared.path).cycle_interval)
     except pi.InstallError:
         _cleanup(prepared)
         raise

@@ -42,6 +42,8 @@ from .log import pbs_logger
 #: Exit status PBS treats as "application provisioning succeeded, no reboot".
 APP_PROV_SUCCESS = 1
 WAKE_POLL_SECONDS = 2.0
+#: Least seconds a job refused at runjob waits before the scheduler may try it again.
+RETRY_FLOOR_S = 60
 _SUBJOB_KEY = re.compile(r"(\d+)_\d+_$")
 _EOE_IN_SELECT = re.compile(r"(?:^|:)eoe=([^:+]+)")
 
@@ -133,11 +135,23 @@ def _hook_service(pbs, config_file: Optional[str]):
 
 # -- runjob -----------------------------------------------------------------------
 def on_runjob(pbs, config_file: Optional[str]) -> Outcome:
-    """Give the starting job its resource group; see the module docstring."""
+    """Give the starting job its resource group; see the module docstring.
+
+    A refusal sets the job's ``Execution_Time`` one cycle ahead (runjob may
+    set it when rejecting): the job waits (state W) instead of being asked
+    for again at once, which the scheduler otherwise does in a tight loop.
+    """
     with _hook_service(pbs, config_file) as (config, log, service):
         if service is None:
             return Outcome(True)
-        return _start(pbs, service, pbs.event().job, config.job_policies, log)
+        job = pbs.event().job
+        outcome = _start(pbs, service, job, config.job_policies, log)
+        if not outcome.accept:
+            retry = time.time() + max(RETRY_FLOOR_S, config.cycle_interval)
+            job.Execution_Time = int(retry)
+            _job_log(pbs, str(job.id), log)("info", "held until %s, then tried again"
+                                            % time.strftime("%H:%M:%S", time.localtime(retry)))
+        return outcome
 
 
 def _job_log(pbs, job_id: str, log: LogFn) -> LogFn:
@@ -168,7 +182,41 @@ def _start(pbs, service, job, job_policies, log: LogFn) -> Outcome:
     policy, why = choose_policy(_resource(job.Resource_List, "power_policy"), requested_eoe(job),
                                 str(job.queue) if job.queue is not None else None,
                                 job_policies, topo.policies)
-    return start_job_group(service, job_id, managed, policy, why, job_policies, say)
+    shared = shared_hosts(pbs, service, job, managed)
+    own = [h for h in managed if h not in shared]
+    if shared:
+        say("info", "shares %s with other jobs: runs there under the host's current policy "
+            "(%s)%s" % (",".join(sorted(shared)), ", ".join(
+                "%s: %s" % (h, shared[h]) for h in sorted(shared)),
+                "; %s applies only to hosts it holds alone" % policy if policy else ""))
+    if not own:
+        return Outcome(True)
+    return start_job_group(service, job_id, own, policy, why, job_policies, say)
+
+
+def shared_hosts(pbs, service, job, hosts: Sequence[str]) -> dict:
+    """Of ``hosts``, those the job does not hold alone -> who holds them.
+
+    A host is shared when another job's resource group has it, or when
+    another job runs on one of this job's vnodes there. A shared host keeps
+    the policy it has (the group that got it first, else its topology
+    policy); PBS packs jobs onto hosts by default, so this is normal use,
+    never a reason to refuse the job.
+    """
+    own = group_name(str(job.id))
+    out = {h: g for h, g in service.store.member_groups(list(hosts)).items() if g != own}
+    wanted = set(hosts)
+    for vnode in parse_exec_vnode(str(job.exec_vnode or "")):
+        try:
+            running = pbs.server().vnode(vnode).jobs
+        except Exception:  # cannot tell: treat as not shared
+            continue
+        others = {item.strip().split("/")[0] for item in str(running or "").split(",")}
+        others -= {"", str(job.id)}
+        host = vnode_host(pbs, vnode)
+        if others and host in wanted and host not in out:
+            out[host] = "topology policy, job %s runs there" % sorted(others)[0]
+    return out
 
 
 def free_hosts_of_ended_jobs(pbs, service, hosts: Sequence[str], own: str,

@@ -491,7 +491,7 @@ class _server(object):
 
     def __init__(self, name, source, scheduling=True, power_provisioning=False):
         self.name = name
-        self._source = source
+        self._source_fn = source
         # server attributes as a hook reads them (ints: scheduling=1,
         # power_provisioning=0 on a fresh OpenPBS 23.06)
         self.scheduling = int(bool(scheduling))
@@ -499,6 +499,15 @@ class _server(object):
 
     def __str__(self):
         return self.name
+
+    def _source(self, kind, key):
+        # the server builds these objects itself: not subject to what a hook may set
+        mode = _state["python_mode"]
+        _state["python_mode"] = False
+        try:
+            return self._source_fn(kind, key)
+        finally:
+            _state["python_mode"] = mode
 
     def _full_id(self, oid):
         return oid if "." in oid else oid + "." + self.name
