@@ -49,9 +49,16 @@ def state_names(pbs, bits: int) -> FrozenSet[str]:
 
 
 def vnodes_from(pbs, vnode_list: Dict[str, Any]) -> Tuple[Vnode, ...]:
-    """Plain `Vnode`s from ``pbs.event().vnode_list``."""
+    """Plain `Vnode`s from ``pbs.event().vnode_list``.
+
+    An empty vnode with ``ncpus`` 0 (a multi-vnode MoM's natural vnode) can
+    take no work: it is left out, so it never counts as a spare host for
+    ``min_idle_nodes`` (its host's marks still reach it).
+    """
     out = []
     for name, v in vnode_list.items():
+        if _resource(v, "ncpus") == "0" and not v.jobs:
+            continue
         host = _resource(v, "host") or re.sub(r"\[.*\]$", "", name)
         out.append(Vnode(
             name=name, host=str(host), states=state_names(pbs, v.state),

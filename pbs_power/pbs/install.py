@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -238,6 +239,39 @@ def run_program(argv: Sequence[str], timeout: float) -> QmgrResult:
 def qmgr_runner(qmgr: str, timeout: float = QMGR_TIMEOUT) -> Callable[[str], QmgrResult]:
     """``run(command)``: one ``qmgr -c command`` by full path."""
     return lambda command: run_program([qmgr, "-c", command], timeout)
+
+
+# -- PBS's own Python ---------------------------------------------------------------
+_LIBPYTHON = re.compile(rb"libpython(3\.\d+)")
+SERVER_BINARIES = ("sbin/pbs_server.bin", "sbin/pbs_server")
+
+
+def hook_python_version(pbs_exec: str) -> Optional[str]:
+    """The Python version PBS runs hooks with (``3.11``): the libpython pbs_server links.
+
+    Read from the binary's dynamic section text (no ldd); None when not found.
+    """
+    for name in SERVER_BINARIES:
+        try:
+            with open(os.path.join(pbs_exec, name), "rb") as handle:
+                found = _LIBPYTHON.search(handle.read())
+        except OSError:
+            continue
+        if found:
+            return found.group(1).decode()
+    return None
+
+
+def python_mismatch(pbs_exec: str, running: Tuple[int, int]) -> Optional[str]:
+    """A note when this Python differs from PBS's hook Python, else None."""
+    wanted = hook_python_version(pbs_exec)
+    have = "%d.%d" % running
+    if wanted is None or wanted == have:
+        return None
+    return ("PBS runs hooks with Python %s (%s/sbin/pbs_server.bin links libpython%s) but this "
+            "pbs-power runs on %s: install pbs_power for PBS with python%s -m pip install "
+            "--target DIR pbs-power, and give --python-path DIR"
+            % (wanted, pbs_exec, wanted, have, wanted))
 
 
 # -- PBS_EXEC ----------------------------------------------------------------------

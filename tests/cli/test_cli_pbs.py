@@ -531,3 +531,33 @@ def test_every_hook_ships_an_hk_file_that_agrees_with_install():
         assert attrs["type"] == "site" and attrs["enabled"] == "false"
         for key, value in hook.attributes:
             assert attrs[key] == value, (hk.name, key)
+
+
+def test_pbs_hook_python_is_read_from_pbs_server(tmp_path):
+    (tmp_path / "sbin").mkdir()
+    (tmp_path / "sbin" / "pbs_server.bin").write_bytes(
+        b"\x7fELF...\x00libpthread.so.0\x00libpython3.11.so.1.0\x00libc.so.6\x00")
+    assert pi.hook_python_version(str(tmp_path)) == "3.11"
+    assert pi.python_mismatch(str(tmp_path), (3, 11)) is None
+    note = pi.python_mismatch(str(tmp_path), (3, 12))
+    assert "PBS runs hooks with Python 3.11" in note and "python3.11 -m pip install" in note
+    assert pi.hook_python_version(str(tmp_path / "nowhere")) is None
+
+
+def test_install_names_the_python_pbs_runs_hooks_with(fake, capsys):
+    (fake.exec_dir / "sbin").mkdir()
+    (fake.exec_dir / "sbin" / "pbs_server.bin").write_bytes(b"\x00libpython3.9.so.1.0\x00")
+    code, out, _err = cli(capsys, *fake.argv())
+    assert code == 0 and "# PBS runs hooks with Python 3.9" in out
+
+
+def test_uninstall_names_hosts_pbs_power_left_down(fake, capsys, tmp_path, monkeypatch):
+    from pbs_power.states.store import Store
+    state_dir = tmp_path / "state"
+    with Store.open(str(state_dir)) as store:
+        store.set_down_since("gpu004", 1_800_000_000)
+    monkeypatch.setenv("PBS_POWER_STATE_DIR", str(state_dir))
+    code, out, _err = cli(capsys, "pbs", "install", "--pbs-exec", str(fake.exec_dir), "--uninstall")
+    assert code == 0
+    assert "1 host(s) are asleep, powered off or changing state by pbs_power" in out
+    assert "gpu004" in out
