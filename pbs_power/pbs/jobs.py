@@ -138,14 +138,21 @@ def on_runjob(pbs, config_file: Optional[str]) -> Outcome:
     """Give the starting job its resource group; see the module docstring.
 
     A refusal sets the job's ``Execution_Time`` one cycle ahead (runjob may
-    set it when rejecting): the job waits (state W) instead of being asked
-    for again at once, which the scheduler otherwise does in a tight loop.
+    set it when rejecting): the job waits (state W) and is tried again then.
+    An array subjob is never refused: the scheduler retries a refused
+    subjob's array at once, in a tight loop, and one in state W loops it
+    for good (both seen on OpenPBS 23.06); it starts without its policy.
     """
     with _hook_service(pbs, config_file) as (config, log, service):
         if service is None:
             return Outcome(True)
         job = pbs.event().job
         outcome = _start(pbs, service, job, config.job_policies, log)
+        if not outcome.accept and "[" in str(job.id):
+            _job_log(pbs, str(job.id), log)(
+                "warning", "array subjob started without its policy: refusing a subjob "
+                           "makes the scheduler retry the array in a tight loop")
+            return Outcome(True)
         if not outcome.accept:
             retry = time.time() + max(RETRY_FLOOR_S, config.cycle_interval)
             job.Execution_Time = int(retry)

@@ -338,3 +338,14 @@ def test_a_site_provisioning_hook_chains_to_ours(site, tmp_path):
     assert device_policy(tmp_path, "gpu003") == "Node-Med"
     rec = provision(site, "gpu003", "power-low", hook=hook)
     assert rec["exit_code"] == 1 and device_policy(tmp_path, "gpu003") == "Node-Low"
+
+
+def test_a_subjob_is_never_refused(site, tmp_path):
+    hook_config(tmp_path, strict=True)
+    add_job(site, "51[2].pbssvr", job("(gpu001:ncpus=1)", power_policy="Node-High"))
+    rec = run_job_hook(site, "51[2].pbssvr", "runjob")
+    state = c.load_state(site)
+    assert rec["accepted"] and state["jobs"]["51[2].pbssvr"]["job_state"] == "R"
+    assert "runjob_retries" not in state and groups(tmp_path) == {}
+    assert any("array subjob started without its policy" in line
+               for line in job_log(rec, "51[2].pbssvr"))

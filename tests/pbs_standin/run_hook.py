@@ -292,15 +292,14 @@ def _server_effects(pbs, state, ev, outcome, hook_msg, now):
             rec.update(job_state="R", stime=int(now))
             return
         # The scheduler quotes the reply text. A job whose Execution_Time the
-        # hook set into the future waits (state W); otherwise it stays queued
-        # and the scheduler asks again at once, in the same cycle (783 rejects
-        # in 21 s were seen on OpenPBS 23.06; with Execution_Time set: one
-        # "Failed to run" and state W).
+        # hook set into the future waits (state W), else it stays queued and
+        # is tried again next cycle. A refused array subjob makes the
+        # scheduler retry the array at once, in the same cycle, and one left
+        # in W is retried for good ("Request invalid for state of job"): a
+        # tight loop either way (seen on OpenPBS 23.06).
         rec["comment"] = "Not Running: PBS Error: %s" % hook_msg
-        if (rec.get("Execution_Time") or 0) > now:
-            rec["job_state"] = "W"
-        else:
-            rec["job_state"] = "Q"
+        rec["job_state"] = "W" if (rec.get("Execution_Time") or 0) > now else "Q"
+        if "[" in job.id:
             state.setdefault("runjob_retries", []).append(job.id)
     elif ev.type in (pbs.QUEUEJOB, pbs.MODIFYJOB) and rec is not None:
         # A rejected qsub creates no job and qsub prints "qsub: <message>",
