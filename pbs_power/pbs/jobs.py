@@ -44,6 +44,8 @@ APP_PROV_SUCCESS = 1
 WAKE_POLL_SECONDS = 2.0
 #: Least seconds a job refused at runjob waits before the scheduler may try it again.
 RETRY_FLOOR_S = 60
+SUBJOB_REFUSAL = ("array subjob started without its policy (refusing a subjob makes the "
+                  "scheduler retry its array in a tight loop)")
 _SUBJOB_KEY = re.compile(r"(\d+)_\d+_$")
 _EOE_IN_SELECT = re.compile(r"(?:^|:)eoe=([^:+]+)")
 
@@ -149,10 +151,7 @@ def on_runjob(pbs, config_file: Optional[str]) -> Outcome:
         job = pbs.event().job
         outcome = _start(pbs, service, job, config.job_policies, log)
         if not outcome.accept and "[" in str(job.id):
-            _job_log(pbs, str(job.id), log)(
-                "warning", "array subjob started without its policy: refusing a subjob "
-                           "makes the scheduler retry the array in a tight loop")
-            return Outcome(True)
+            return Outcome(True)        # said by _start: SUBJOB_REFUSAL
         if not outcome.accept:
             retry = time.time() + max(RETRY_FLOOR_S, config.cycle_interval)
             job.Execution_Time = int(retry)
@@ -198,7 +197,8 @@ def _start(pbs, service, job, job_policies, log: LogFn) -> Outcome:
                 "; %s applies only to hosts it holds alone" % policy if policy else ""))
     if not own:
         return Outcome(True)
-    return start_job_group(service, job_id, own, policy, why, job_policies, say)
+    return start_job_group(service, job_id, own, policy, why, job_policies, say,
+                           SUBJOB_REFUSAL if "[" in job_id else "run request rejected")
 
 
 def shared_hosts(pbs, service, job, hosts: Sequence[str]) -> dict:
