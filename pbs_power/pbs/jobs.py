@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from dataclasses import replace
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from pbs_power.groups.jobs import (  # noqa: F401  (the job hooks' names, used by tests)
@@ -42,6 +43,10 @@ from .log import pbs_logger
 #: Exit status PBS treats as "application provisioning succeeded, no reboot".
 APP_PROV_SUCCESS = 1
 WAKE_POLL_SECONDS = 2.0
+#: Most seconds one device request may take in runjob (inside pbs_server): a dead BMC
+#: fails the activation (fallback, strict or fail_open as configured) instead of
+#: stalling the server for the default 30 s, or past the hook's 60 s alarm.
+RUNJOB_DEVICE_TIMEOUT_S = 5.0
 #: Least seconds a job refused at runjob waits before the scheduler may try it again.
 RETRY_FLOOR_S = 60
 SUBJOB_REFUSAL = ("array subjob started without its policy (refusing a subjob makes the "
@@ -124,15 +129,30 @@ def _setup(pbs, config_file: Optional[str]):
 
 
 @contextlib.contextmanager
-def _hook_service(pbs, config_file: Optional[str]):
-    """(config, log, service) for one hook run; service is None when nothing can be done."""
+def _hook_service(pbs, config_file: Optional[str], device_cap: Optional[float] = None):
+    """(config, log, service) for one hook run; service is None when nothing can be done.
+
+    ``device_cap`` bounds each device request (seconds) below the configured
+    ``timeout_seconds``: runjob runs inside pbs_server, which answers nobody
+    while it waits, and the hook's alarm (60 s) must not fire.
+    """
     config, log = _setup(pbs, config_file)
+    if config is not None and device_cap is not None:
+        config = with_device_cap(config, device_cap)
     service = open_service(config, log) if config is not None else None
     try:
         yield config, log, service
     finally:
         if service is not None:
             service.close()
+
+
+def with_device_cap(config, cap: float):
+    """``config`` whose device requests time out after at most ``cap`` seconds."""
+    options = dict(config.job_policies.device_options)
+    given = options.get("timeout_seconds")
+    options["timeout_seconds"] = min(float(given), cap) if given is not None else cap
+    return replace(config, job_policies=replace(config.job_policies, device_options=options))
 
 
 # -- runjob -----------------------------------------------------------------------
@@ -145,7 +165,7 @@ def on_runjob(pbs, config_file: Optional[str]) -> Outcome:
     subjob's array at once, in a tight loop, and one in state W loops it
     for good (both seen on OpenPBS 23.06); it starts without its policy.
     """
-    with _hook_service(pbs, config_file) as (config, log, service):
+    with _hook_service(pbs, config_file, RUNJOB_DEVICE_TIMEOUT_S) as (config, log, service):
         if service is None:
             return Outcome(True)
         job = pbs.event().job

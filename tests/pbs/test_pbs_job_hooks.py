@@ -350,3 +350,15 @@ def test_a_subjob_is_never_refused(site, tmp_path):
     assert any(line.endswith("array subjob started without its policy (refusing a subjob "
                              "makes the scheduler retry its array in a tight loop)")
                for line in job_log(rec, "51[2].pbssvr"))
+
+
+def test_runjob_bounds_each_device_request():
+    from pbs_power.config.hook_config import parse_config
+    from pbs_power.pbs.jobs import RUNJOB_DEVICE_TIMEOUT_S, with_device_cap
+    slow = parse_config({"job_policies": {"device_options": {"timeout_seconds": 30}}})
+    assert with_device_cap(slow, RUNJOB_DEVICE_TIMEOUT_S).job_policies.device_options[
+        "timeout_seconds"] == RUNJOB_DEVICE_TIMEOUT_S <= 10
+    quick = parse_config({"job_policies": {"device_options": {"timeout_seconds": 2}}})
+    assert with_device_cap(quick, 5).job_policies.device_options["timeout_seconds"] == 2
+    assert with_device_cap(parse_config({}), 5).job_policies.device_options == {
+        "timeout_seconds": 5}
