@@ -172,26 +172,39 @@ def fit_jobs(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
 
 
 class _Room:
-    """Free resources per vnode while jobs are fitted one after the other."""
+    """Free resources per vnode while jobs are fitted one after the other.
+
+    Values are parsed once (numbers to floats); vnodes that are full or
+    taken whole leave ``live``, so a long queue on a busy cluster does not
+    scan them again for every chunk.
+    """
 
     def __init__(self, vnodes: Sequence[VnodeSpace], checked: FrozenSet[str]):
         awake = [v for v in vnodes if not v.asleep]
-        self.order = awake + [v for v in vnodes if v.asleep]   # wake as few as possible
         self.by_name = {v.name: v for v in vnodes}
-        self.free: Dict[str, Dict[str, Any]] = {v.name: dict(v.free) for v in vnodes}
+        self.free: Dict[str, Dict[str, Any]] = {v.name: _parsed(v.free) for v in vnodes}
         self.used = {v.name for v in vnodes if v.occupied}      # something runs there
         self.whole: set = set()                                 # taken exclusively
         self.checked = checked
+        self.live = [v for v in awake + [v for v in vnodes if v.asleep]  # wake as few as possible
+                     if not self._full(v.name)]
+        self.sleeping = sum(1 for v in self.live if v.asleep)
 
     def asleep(self, name: str) -> bool:
         return self.by_name[name].asleep
 
     def sleeping_left(self) -> bool:
-        return any(v.asleep and v.name not in self.whole for v in self.order)
+        return self.sleeping > 0
+
+    def _full(self, name: str) -> bool:
+        if name in self.whole:
+            return True
+        cpus = self.free[name].get("ncpus")
+        return "ncpus" in self.checked and isinstance(cpus, float) and cpus <= 0
 
     def hosts(self) -> List[Tuple[str, List[VnodeSpace]]]:
         grouped: Dict[str, List[VnodeSpace]] = {}
-        for v in self.order:
+        for v in self.live:
             grouped.setdefault(v.host, []).append(v)
         return list(grouped.items())
 
@@ -200,8 +213,8 @@ class _Room:
         plan = self._arrange(job)
         if plan is None:
             return None
-        for name, chunk in plan:
-            self._take(name, chunk)
+        for name, need in plan:
+            _consume(need, self.free[name])
         names = list(dict.fromkeys(name for name, _ in plan))
         sharing = self._sharing(job, names)
         for name in names:
@@ -210,12 +223,15 @@ class _Room:
                 self.whole.add(name)
             elif sharing == "exclhost":
                 host = self.by_name[name].host
-                self.whole.update(v.name for v in self.order if v.host == host)
+                self.whole.update(v.name for v in self.live if v.host == host)
+        if any(self._full(v.name) for v in self.live if v.name in self.whole or v.name in names):
+            self.live = [v for v in self.live if not self._full(v.name)]
+            self.sleeping = sum(1 for v in self.live if v.asleep)
         return names
 
     # -- arrangements -------------------------------------------------------
-    def _arrange(self, job: JobRequest) -> Optional[List[Tuple[str, Chunk]]]:
-        copies = [c for c in job.chunks for _ in range(c.count)]
+    def _arrange(self, job: JobRequest) -> Optional[List[Tuple[str, "_Need"]]]:
+        copies = [_needs(c, self.checked) for c in job.chunks for _ in range(c.count)]
         if job.arrangement == "pack":
             for _host, members in self.hosts():
                 plan = self._fill(job, copies, members, distinct=None)
@@ -223,21 +239,26 @@ class _Room:
                     return plan
             return None
         distinct = {"scatter": "host", "vscatter": "vnode"}.get(job.arrangement)
-        return self._fill(job, copies, self.order, distinct)
+        return self._fill(job, copies, self.live, distinct)
 
-    def _fill(self, job: JobRequest, copies: List[Chunk], members: Sequence[VnodeSpace],
-              distinct: Optional[str]) -> Optional[List[Tuple[str, Chunk]]]:
-        trial = {v.name: dict(self.free[v.name]) for v in members}
+    def _fill(self, job: JobRequest, copies: List["_Need"], members: Sequence[VnodeSpace],
+              distinct: Optional[str]) -> Optional[List[Tuple[str, "_Need"]]]:
+        trial: Dict[str, Dict[str, Any]] = {}
         seen: set = set()
-        plan: List[Tuple[str, Chunk]] = []
-        for chunk in copies:
+        plan: List[Tuple[str, _Need]] = []
+        for need in copies:
             for v in members:
                 key = v.host if distinct == "host" else v.name
                 if distinct and key in seen:
                     continue
-                if self._open(job, v) and _fits(chunk, trial[v.name], self.checked):
-                    _consume(chunk, trial[v.name], self.checked)
-                    plan.append((v.name, chunk))
+                room = trial.get(v.name)
+                if room is None:
+                    if not self._open(job, v):
+                        continue
+                    room = trial[v.name] = dict(self.free[v.name])
+                if _fits(need, room):
+                    _consume(need, room)
+                    plan.append((v.name, need))
                     seen.add(key)
                     break
             else:
@@ -252,15 +273,30 @@ class _Room:
         if sharing == "excl":
             return v.name not in self.used
         if sharing == "exclhost":
-            return not any(o.name in self.used for o in self.order if o.host == v.host)
+            return not any(o.name in self.used for o in self.live if o.host == v.host)
         return True
 
     def _sharing(self, job: JobRequest, names: Iterable[str]) -> str:
         kinds = {_effective_sharing(job.sharing, self.by_name[n].sharing) for n in names}
         return "exclhost" if "exclhost" in kinds else "excl" if "excl" in kinds else "shared"
 
-    def _take(self, name: str, chunk: Chunk) -> None:
-        _consume(chunk, self.free[name], self.checked)
+
+#: One chunk's checked requests: (name, amount or None, text).
+_Need = Tuple[Tuple[str, Optional[float], str], ...]
+
+
+def _needs(chunk: Chunk, checked: FrozenSet[str]) -> _Need:
+    return tuple((name, parse_amount(value), value) for name, value in chunk.resources
+                 if name in checked)
+
+
+def _parsed(free: Mapping[str, Any]) -> Dict[str, Any]:
+    """Numbers and sizes as floats; other values as they are."""
+    out: Dict[str, Any] = {}
+    for name, value in free.items():
+        amount = None if isinstance(value, bool) else parse_amount(value)
+        out[name] = amount if amount is not None and not _is_text(value) else value
+    return out
 
 
 def _effective_sharing(requested: str, vnode_sharing: str) -> str:
@@ -277,26 +313,21 @@ def _effective_sharing(requested: str, vnode_sharing: str) -> str:
     return {"default_excl": "excl", "default_exclhost": "exclhost"}.get(vs, "shared")
 
 
-def _fits(chunk: Chunk, free: Mapping[str, Any], checked: FrozenSet[str]) -> bool:
-    for name, wanted in chunk.resources:
-        if name not in checked:
-            continue
+def _fits(need: _Need, free: Mapping[str, Any]) -> bool:
+    for name, amount, text in need:
         have = free.get(name)
-        amount = parse_amount(wanted)
-        if amount is not None and not _is_text(have):
-            if parse_amount(have) is None or parse_amount(have) < amount:
+        if amount is not None and not isinstance(have, str):
+            if not isinstance(have, float) or have < amount:
                 return False
-        elif not _matches(have, wanted):
+        elif not _matches(have, text):
             return False
     return True
 
 
-def _consume(chunk: Chunk, free: Dict[str, Any], checked: FrozenSet[str]) -> None:
-    for name, wanted in chunk.resources:
-        amount = parse_amount(wanted)
-        have = parse_amount(free.get(name))
-        if name in checked and amount is not None and have is not None \
-                and not _is_text(free.get(name)):
+def _consume(need: _Need, free: Dict[str, Any]) -> None:
+    for name, amount, _text in need:
+        have = free.get(name)
+        if amount is not None and isinstance(have, float):
             free[name] = have - amount
 
 
