@@ -598,8 +598,8 @@ def logmsg(level, msg):
     if not isinstance(level, int) or not isinstance(msg, str):
         raise TypeError("logmsg() argument types are (int, str)")
     # pbs_server tags a server hook's lines with the daemon, not the hook:
-    # ";Hook;Server@<host>;<msg>" (log_event(..., msg_daemonname, ...) in
-    # pbsv1mod_meth_logmsg, src/lib/Libpython/pbs_python_svr_internal.c; seen
+    # ";Hook;Server@<host>;<msg>" (log_event(..., pbs_python_daemon_name, emsg)
+    # in pbsv1mod_meth_logmsg, src/lib/Libpython/common_python_utils.c; seen
     # on OpenPBS 23.06 as "...;0006;Server@pbshost;Hook;Server@pbshost;<msg>").
     server_obj = _state["server"]
     _write_log("%s;Server@%s;%s" % (_level_name(level),
