@@ -32,8 +32,9 @@ PBSNODES_TIMEOUT = 60.0
 DEFAULT_PBS_CONF = "/etc/pbs.conf"
 DEFAULT_CONFIG_NAME = "PBS_power.json"
 #: Custom resources the hooks read: a job's requested policy (job-wide, no
-#: ``flag=h``: qsub refuses a ``flag=h`` resource beside ``-l select``/``place``,
-#: "qsub: \"-lresource=\" cannot be used with \"select\" or \"place\", resource is: X"), a node's opt-out (host-level).
+#: ``flag=h``: qsub refuses a ``flag=h`` resource beside ``-l select``/``place``:
+#: ``"-lresource=" cannot be used with "select" or "place", resource is: X``),
+#: and a node's opt-out (host-level).
 RESOURCES: Tuple[Tuple[str, str], ...] = (("power_policy", "string"), ("power_mgmt", "boolean"))
 RESOURCE_FLAGS = {"power_policy": "", "power_mgmt": "h"}
 #: The periodic hook's default ``freq``; an install uses the config's ``cycle_interval``.
