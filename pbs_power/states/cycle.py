@@ -112,7 +112,7 @@ class Cycle:
         down = self.store.down_since()
         if not down:
             return
-        flying = {t.host for t in snapshot.transitions} | set(self.store.failed())
+        flying = {t.host for t in self.store.transitions()} | set(self.store.failed())
         marked = {m.host for m in report.marks}
         lost = {}
         for host, vnodes in hosts_of([v for v in snapshot.vnodes if v.host in down]).items():

@@ -123,3 +123,19 @@ def test_sleep_marks_are_back_one_cycle_after_a_server_restart(site, tmp_path):
     assert sum("sleep mark lost" in l for l in rec["log"]) == 4
     with Store.open(str(tmp_path / "state")) as store:
         assert set(store.down_since()) == set(HOSTS)
+
+
+def test_a_power_off_that_completes_after_a_restart_is_marked_again_at_once(tmp_path):
+    c.write_hook_config(tmp_path / "pbs_power.json", {
+        "power_on_off_enable": True, "node_idle_limit": 1800, "min_node_down_delay": 0,
+        "max_concurrent_nodes": 4, "cycle_interval": CYCLE, "power_backend": BACKEND,
+        "state_dir": str(tmp_path / "state"), "python_path": c.hook_python_path()})
+    st = c.new_state(tmp_path, tmp_path / "pbs_power.json", hook_freq=CYCLE, vnodes={
+        "n1": {"poweroff_eligible": True, "last_used_time": T0 - 7200,
+               "last_state_change_time": T0 - 7200}})
+    c.run_hook(HOOK, st, now=T0)                      # drained
+    c.run_hook(HOOK, st, now=T0 + CYCLE)              # power_off sent
+    c.restart_server(st)                              # the mark is lost while it powers off
+    rec = c.run_hook(HOOK, st, now=T0 + 2 * CYCLE)    # backend reports it off
+    assert any("n1: power_off done" in l for l in rec["log"])
+    assert states(st)["n1"] == ["sleep"]
