@@ -32,8 +32,12 @@ def _pbs_power_add_python_path(config_file):
     # once (server events share one interpreter, so sys.path persists).
     if not config_file:
         return
-    with open(config_file) as handle:
-        paths = json.load(handle).get("python_path") or []
+    try:
+        with open(config_file) as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError("hook config %s unreadable: %s" % (config_file, exc))
+    paths = (doc.get("python_path") if isinstance(doc, dict) else None) or []
     if isinstance(paths, str):
         paths = [paths]
     for path in reversed(paths):
@@ -51,10 +55,10 @@ def _pbs_power_main():
         raise
     except Exception as exc:
         import traceback
-        pbs.logmsg(pbs.LOG_ERROR, "PBS_power: internal error, nodes left as they are: "
+        pbs.logmsg(pbs.LOG_ERROR, "pbs_power: internal error, nodes left as they are: "
                    "%s: %s" % (type(exc).__name__, exc))
         for line in traceback.format_exc().splitlines():
-            pbs.logmsg(pbs.LOG_DEBUG, "PBS_power: " + line)
+            pbs.logmsg(getattr(pbs, "EVENT_DEBUG3", pbs.LOG_DEBUG), "pbs_power: " + line)
     pbs.event().accept()
 
 

@@ -34,11 +34,16 @@ def _pbs_power_config_file():
 
 
 def _pbs_power_add_python_path(config_file):
-    # The config names where pbs_power is installed; add those directories once.
+    # The config names where pbs_power is installed; add those directories
+    # once (server events share one interpreter, so sys.path persists).
     if not config_file:
         return
-    with open(config_file) as handle:
-        paths = json.load(handle).get("python_path") or []
+    try:
+        with open(config_file) as handle:
+            doc = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError("hook config %s unreadable: %s" % (config_file, exc))
+    paths = (doc.get("python_path") if isinstance(doc, dict) else None) or []
     if isinstance(paths, str):
         paths = [paths]
     for path in reversed(paths):
@@ -58,10 +63,10 @@ def _pbs_power_main():
         raise
     except Exception as exc:
         import traceback
-        pbs.logmsg(pbs.LOG_ERROR, "pbs_power_provision: internal error, vnode left as it "
+        pbs.logmsg(pbs.LOG_ERROR, "pbs_power: internal error, vnode left as it "
                    "is: %s: %s" % (type(exc).__name__, exc))
         for line in traceback.format_exc().splitlines():
-            pbs.logmsg(pbs.LOG_DEBUG, "pbs_power_provision: " + line)
+            pbs.logmsg(getattr(pbs, "EVENT_DEBUG3", pbs.LOG_DEBUG), "pbs_power: " + line)
     if outcome is not None and not outcome.accept:
         event.reject(outcome.message)
     event.accept(outcome.code if outcome is not None else _PBS_POWER_APP_PROV_SUCCESS)

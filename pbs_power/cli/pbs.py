@@ -166,16 +166,43 @@ def _plan(args: argparse.Namespace) -> tuple:
         notes = [] if args.remove_resources else [
             "custom resources %s are kept: jobs and nodes may still reference them "
             "(--remove-resources deletes them)" % ", ".join(n for n, _ in pi.RESOURCES)]
+        notes += _hosts_left_down(args.config)
         return pi.uninstall_steps(args.remove_resources), None, notes
     hooks_dir = _hooks_dir(args.hooks_dir)
     config = args.config or os.path.join(hooks_dir, pi.DEFAULT_CONFIG_NAME)
     prepared = prepare_config(config, args.python_path, args.output_config, keep=not args.apply)
     try:
-        steps = pi.install_steps(hooks_dir, prepared.path)
+        from pbs_power.config.hook_config import load_config
+        steps = pi.install_steps(hooks_dir, prepared.path,
+                                 load_config(prepared.path).cycle_interval)
     except pi.InstallError:
         _cleanup(prepared)
         raise
     return steps, prepared, list(prepared.notes)
+
+
+def _hosts_left_down(config: Optional[str]) -> List[str]:
+    """A note naming the hosts pbs_power has asleep or off: removing the hooks leaves them so."""
+    from pbs_power.config.hook_config import ConfigError, load_config
+    from pbs_power.states.store import DB_NAME, Store
+    state_dir = os.environ.get("PBS_POWER_STATE_DIR") or "/var/spool/pbs_power"
+    if config:
+        try:
+            state_dir = load_config(config).state_dir
+        except (ConfigError, OSError, ValueError):
+            pass
+    if not os.path.exists(os.path.join(state_dir, DB_NAME)):
+        return []
+    try:
+        with Store.open(state_dir) as store:
+            down = sorted(set(store.down_since()) | {t.host for t in store.transitions()})
+    except Exception as exc:  # a note only: the uninstall itself does not need the store
+        return ["cannot tell which hosts pbs_power has down (%s): check them" % exc]
+    if not down:
+        return []
+    return ["%d host(s) are asleep, powered off or changing state by pbs_power and stay so "
+            "once the hooks are gone: %s; power them on (and clear their sleep mark) first"
+            % (len(down), ",".join(down))]
 
 
 def _cleanup(prepared: Optional[Prepared]) -> None:
@@ -195,6 +222,11 @@ def run_install(args: argparse.Namespace) -> int:
     if qmgr == "qmgr":
         notes.insert(0, "PBS_EXEC unknown (no --pbs-exec, no readable pbs.conf): "
                         "run these with PBS_EXEC/bin/qmgr")
+    elif not args.uninstall:
+        mismatch = pi.python_mismatch(os.path.dirname(os.path.dirname(qmgr)),
+                                      tuple(sys.version_info[:2]))
+        if mismatch:
+            notes.insert(0, mismatch)
     if args.apply and prepared is not None and prepared.temp_dir:
         notes.append("that copy is temporary: removed once qmgr has imported it")
     for note in notes:

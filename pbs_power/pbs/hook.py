@@ -49,9 +49,16 @@ def state_names(pbs, bits: int) -> FrozenSet[str]:
 
 
 def vnodes_from(pbs, vnode_list: Dict[str, Any]) -> Tuple[Vnode, ...]:
-    """Plain `Vnode`s from ``pbs.event().vnode_list``."""
+    """Plain `Vnode`s from ``pbs.event().vnode_list``.
+
+    An empty vnode with ``ncpus`` 0 (a multi-vnode MoM's natural vnode) can
+    take no work: it is left out, so it never counts as a spare host for
+    ``min_idle_nodes`` (its host's marks still reach it).
+    """
     out = []
     for name, v in vnode_list.items():
+        if _resource(v, "ncpus") == "0" and not v.jobs:
+            continue
         host = _resource(v, "host") or re.sub(r"\[.*\]$", "", name)
         out.append(Vnode(
             name=name, host=str(host), states=state_names(pbs, v.state),
@@ -130,10 +137,10 @@ def live_job_ids_from(doc: Dict[str, Any]) -> FrozenSet[str]:
 
 
 # -- plain data -> PBS objects ----------------------------------------------
-def apply_marks(pbs, vnode_list: Dict[str, Any], marks: Iterable, log: LogFn) -> None:
+def apply_marks(pbs, vnode_list: Dict[str, Any], marks: Iterable, log: LogFn) -> List[str]:
     """Set or clear sleep / offline and comments on every vnode of each marked host.
 
-    The server keeps a hook-set state as ``(old & ~(DOWN|OFFLINE|SLEEP)) |
+    Returns the hosts whose vnode states change. The server keeps a hook-set state as ``(old & ~(DOWN|OFFLINE|SLEEP)) |
     value`` and accepts only those bits, so the value is built from the
     offline/down bits to keep plus the one being set.
     """
@@ -142,6 +149,8 @@ def apply_marks(pbs, vnode_list: Dict[str, Any], marks: Iterable, log: LogFn) ->
         by_host.setdefault(str(_resource(v, "host") or re.sub(r"\[.*\]$", "", name)),
                            []).append(v)
     keep = pbs.ND_OFFLINE | pbs.ND_DOWN | getattr(pbs, "ND_OFFLINE_BY_MOM", 0)
+    owned = keep | pbs.ND_SLEEP
+    changed: Dict[str, None] = {}
     for mark in marks:
         for v in by_host.get(mark.host, ()):
             bits = int(v.state or 0) & keep
@@ -149,11 +158,14 @@ def apply_marks(pbs, vnode_list: Dict[str, Any], marks: Iterable, log: LogFn) ->
                 bits |= pbs.ND_SLEEP
             if mark.offline:
                 bits |= pbs.ND_OFFLINE
+            if bits != int(v.state or 0) & owned:
+                changed[mark.host] = None
             v.state = bits
             if mark.comment:
                 v.comment = mark.comment
         if mark.host not in by_host:
             log("warning", "%s: not in this event's vnode list; mark not applied" % mark.host)
+    return list(changed)
 
 
 # -- the hook body ----------------------------------------------------------
@@ -183,23 +195,49 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
         log("warning", warning)
     event = pbs.event()
     now = time.time()
+    conf = _pbs_conf(pbs)
     live = None  # job ids for the leaked-group cleanup; None = unknown, no cleanup
+    vnodes = vnodes_from(pbs, event.vnode_list)
     try:
-        doc = query_jobs_json(pbs.get_pbs_conf()["PBS_EXEC"])
-        jobs, live = queued_jobs_from(doc), live_job_ids_from(doc)
+        doc = query_jobs_json(conf["PBS_EXEC"])
+        jobs, live = demand_from(pbs, event.vnode_list, doc, config, conf, now, log), \
+            live_job_ids_from(doc)
     except (QueryError, KeyError) as exc:
         log("error", "queued jobs unknown (%s); no host is taken down this cycle" % exc)
         jobs = ()
         config = replace(config, power_on_off_enable=False, power_ramp_rate_enable=False)
-    snapshot = Snapshot(vnodes_from(pbs, event.vnode_list), queued_jobs=jobs,
+    snapshot = Snapshot(vnodes, queued_jobs=jobs,
                         reservations=reservations_from(event.resv_list))
     with Store.open(config.state_dir) as store, \
             get_backend(config.power_backend, config.state_dir) as backend:
-        report = Cycle(config, store, backend, log).run(snapshot, now)
-    apply_marks(pbs, event.vnode_list, report.marks, log)
+        report = Cycle(config, store, backend, log, check_down_hosts=True).run(snapshot, now)
+    changed = apply_marks(pbs, event.vnode_list, report.marks, log)
+    if changed and "PBS_EXEC" in conf:
+        from .scheduler import start_cycle_soon
+        if start_cycle_soon(pbs, conf["PBS_EXEC"], list(config.python_path), log):
+            log("info", "vnode marks changed (%s): scheduling cycle requested"
+                % ", ".join(changed[:10]) + (" ..." if len(changed) > 10 else ""))
     if live is not None:
         from .jobs import cleanup_after_qstat
         cleanup_after_qstat(config, live, now, log)
+
+
+def demand_from(pbs, vnode_list: Dict[str, Any], doc: Dict[str, Any], config,
+                conf: Dict[str, str], now: float, log: LogFn) -> Tuple[QueuedJob, ...]:
+    """Queued jobs' needs: the fit onto free plus sleeping vnodes, else PBS's estimates."""
+    from .demand import queued_demand
+    from .scheduler import host_name, queue_priorities, sched_checked, vnode_spaces
+    spaces = vnode_spaces(pbs, vnode_list, state_names, host_name)
+    return queued_demand(doc, spaces, now, config.cycle_interval,
+                         sched_checked(conf.get("PBS_HOME")), queue_priorities(pbs),
+                         parse_qstat_time, parse_exec_vnode, log)
+
+
+def _pbs_conf(pbs) -> Dict[str, str]:
+    try:
+        return dict(pbs.get_pbs_conf())
+    except Exception:
+        return {}
 
 
 # -- small helpers ----------------------------------------------------------

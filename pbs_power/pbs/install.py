@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -30,8 +31,14 @@ QMGR_TIMEOUT = 60.0
 PBSNODES_TIMEOUT = 60.0
 DEFAULT_PBS_CONF = "/etc/pbs.conf"
 DEFAULT_CONFIG_NAME = "PBS_power.json"
-#: Custom resources the hooks read: a job's requested policy, a node's opt-out.
+#: Custom resources the hooks read: a job's requested policy (job-wide, no
+#: ``flag=h``: qsub refuses a ``flag=h`` resource beside ``-l select``/``place``:
+#: ``"-lresource=" cannot be used with "select" or "place", resource is: X``),
+#: and a node's opt-out (host-level).
 RESOURCES: Tuple[Tuple[str, str], ...] = (("power_policy", "string"), ("power_mgmt", "boolean"))
+RESOURCE_FLAGS = {"power_policy": "", "power_mgmt": "h"}
+#: The periodic hook's default ``freq``; an install uses the config's ``cycle_interval``.
+DEFAULT_FREQ = 60
 
 
 class InstallError(ValueError):
@@ -51,7 +58,8 @@ HOOKS: Tuple[HookSpec, ...] = (
     HookSpec("pbs_power", "PBS_power.py",
              (("event", "periodic"), ("freq", "60"), ("alarm", "240"), ("order", "1"))),
     HookSpec("pbs_power_job", "pbs_power_job.py",
-             (("event", "runjob,jobobit"), ("alarm", "60"), ("order", "1"))),
+             (("event", "queuejob,modifyjob,runjob,jobobit"), ("alarm", "60"),
+              ("order", "1"))),
     HookSpec("pbs_power_prov", "pbs_power_provision.py",
              (("event", "provision"), ("alarm", "300"), ("order", "1"))),
 )
@@ -93,14 +101,26 @@ def qmgr_value(text: str) -> str:
     raise InstallError("%r holds both quote characters; qmgr cannot take it" % text)
 
 
-def install_steps(hooks_dir: str, config_path: str) -> List[Step]:
-    """Every step of an install: resources first, then each hook, enabled last."""
-    steps = [Step("create resource %s type=%s,flag=h" % (name, kind),
-                  "list resource %s" % name, "absent") for name, kind in RESOURCES]
+def install_steps(hooks_dir: str, config_path: str, freq: int = DEFAULT_FREQ) -> List[Step]:
+    """Every step of an install: resources first, then each hook, enabled last.
+
+    ``freq`` (the config's ``cycle_interval``) replaces the periodic hook's
+    shipped freq. ``power_policy`` loses a ``flag=h`` an earlier install gave
+    it (``unset resource X flag`` exits 0 also when no flag is set).
+    """
+    steps = []
+    for name, kind in RESOURCES:
+        flag = RESOURCE_FLAGS.get(name, "")
+        steps.append(Step("create resource %s type=%s%s" % (name, kind, ",flag=" + flag if flag
+                                                           else ""),
+                          "list resource %s" % name, "absent"))
+        if not flag:
+            steps.append(Step("unset resource %s flag" % name))
     config = qmgr_value(os.path.abspath(config_path))
     for hook in HOOKS:
         steps.append(Step("create hook %s" % hook.name, "list hook %s" % hook.name, "absent"))
-        steps += [Step("set hook %s %s = %s" % (hook.name, attr, qmgr_value(value)))
+        steps += [Step("set hook %s %s = %s" % (hook.name, attr, qmgr_value(
+            str(int(freq)) if attr == "freq" else value)))
                   for attr, value in hook.attributes]
         script = qmgr_value(os.path.abspath(os.path.join(hooks_dir, hook.file)))
         steps.append(Step("import hook %s application/x-python default %s" % (hook.name, script)))
@@ -109,9 +129,9 @@ def install_steps(hooks_dir: str, config_path: str) -> List[Step]:
     return steps
 
 
-def install_commands(hooks_dir: str, config_path: str) -> List[str]:
+def install_commands(hooks_dir: str, config_path: str, freq: int = DEFAULT_FREQ) -> List[str]:
     """The qmgr commands of an install, in order (each one ``qmgr -c`` argument)."""
-    return [step.command for step in install_steps(hooks_dir, config_path)]
+    return [step.command for step in install_steps(hooks_dir, config_path, freq)]
 
 
 def uninstall_steps(remove_resources: bool = False) -> List[Step]:
@@ -220,6 +240,39 @@ def run_program(argv: Sequence[str], timeout: float) -> QmgrResult:
 def qmgr_runner(qmgr: str, timeout: float = QMGR_TIMEOUT) -> Callable[[str], QmgrResult]:
     """``run(command)``: one ``qmgr -c command`` by full path."""
     return lambda command: run_program([qmgr, "-c", command], timeout)
+
+
+# -- PBS's own Python ---------------------------------------------------------------
+_LIBPYTHON = re.compile(rb"libpython(3\.\d+)")
+SERVER_BINARIES = ("sbin/pbs_server.bin", "sbin/pbs_server")
+
+
+def hook_python_version(pbs_exec: str) -> Optional[str]:
+    """The Python version PBS runs hooks with (``3.11``): the libpython pbs_server links.
+
+    Read from the binary's dynamic section text (no ldd); None when not found.
+    """
+    for name in SERVER_BINARIES:
+        try:
+            with open(os.path.join(pbs_exec, name), "rb") as handle:
+                found = _LIBPYTHON.search(handle.read())
+        except OSError:
+            continue
+        if found:
+            return found.group(1).decode()
+    return None
+
+
+def python_mismatch(pbs_exec: str, running: Tuple[int, int]) -> Optional[str]:
+    """A note when this Python differs from PBS's hook Python, else None."""
+    wanted = hook_python_version(pbs_exec)
+    have = "%d.%d" % running
+    if wanted is None or wanted == have:
+        return None
+    return ("PBS runs hooks with Python %s (%s/sbin/pbs_server.bin links libpython%s) but this "
+            "pbs-power runs on %s: install pbs_power for PBS with python%s -m pip install "
+            "--target DIR pbs-power, and give --python-path DIR"
+            % (wanted, pbs_exec, wanted, have, wanted))
 
 
 # -- PBS_EXEC ----------------------------------------------------------------------

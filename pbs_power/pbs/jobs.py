@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+from dataclasses import replace
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from pbs_power.groups.jobs import (  # noqa: F401  (the job hooks' names, used by tests)
@@ -42,6 +43,14 @@ from .log import pbs_logger
 #: Exit status PBS treats as "application provisioning succeeded, no reboot".
 APP_PROV_SUCCESS = 1
 WAKE_POLL_SECONDS = 2.0
+#: Most seconds one device request may take in runjob (inside pbs_server): a dead BMC
+#: fails the activation (fallback, strict or fail_open as configured) instead of
+#: stalling the server for the default 30 s, or past the hook's 60 s alarm.
+RUNJOB_DEVICE_TIMEOUT_S = 5.0
+#: Least seconds a job refused at runjob waits before the scheduler may try it again.
+RETRY_FLOOR_S = 60
+SUBJOB_REFUSAL = ("array subjob started without its policy (refusing a subjob makes the "
+                  "scheduler retry its array in a tight loop)")
 _SUBJOB_KEY = re.compile(r"(\d+)_\d+_$")
 _EOE_IN_SELECT = re.compile(r"(?:^|:)eoe=([^:+]+)")
 
@@ -120,9 +129,16 @@ def _setup(pbs, config_file: Optional[str]):
 
 
 @contextlib.contextmanager
-def _hook_service(pbs, config_file: Optional[str]):
-    """(config, log, service) for one hook run; service is None when nothing can be done."""
+def _hook_service(pbs, config_file: Optional[str], device_cap: Optional[float] = None):
+    """(config, log, service) for one hook run; service is None when nothing can be done.
+
+    ``device_cap`` bounds each device request (seconds) below the configured
+    ``timeout_seconds``: runjob runs inside pbs_server, which answers nobody
+    while it waits, and the hook's alarm (60 s) must not fire.
+    """
     config, log = _setup(pbs, config_file)
+    if config is not None and device_cap is not None:
+        config = with_device_cap(config, device_cap)
     service = open_service(config, log) if config is not None else None
     try:
         yield config, log, service
@@ -131,13 +147,37 @@ def _hook_service(pbs, config_file: Optional[str]):
             service.close()
 
 
+def with_device_cap(config, cap: float):
+    """``config`` whose device requests time out after at most ``cap`` seconds."""
+    options = dict(config.job_policies.device_options)
+    given = options.get("timeout_seconds")
+    options["timeout_seconds"] = min(float(given), cap) if given is not None else cap
+    return replace(config, job_policies=replace(config.job_policies, device_options=options))
+
+
 # -- runjob -----------------------------------------------------------------------
 def on_runjob(pbs, config_file: Optional[str]) -> Outcome:
-    """Give the starting job its resource group; see the module docstring."""
-    with _hook_service(pbs, config_file) as (config, log, service):
+    """Give the starting job its resource group; see the module docstring.
+
+    A refusal sets the job's ``Execution_Time`` one cycle ahead (runjob may
+    set it when rejecting): the job waits (state W) and is tried again then.
+    An array subjob is never refused: the scheduler retries a refused
+    subjob's array at once, in a tight loop, and one in state W loops it
+    for good (both seen on OpenPBS 23.06); it starts without its policy.
+    """
+    with _hook_service(pbs, config_file, RUNJOB_DEVICE_TIMEOUT_S) as (config, log, service):
         if service is None:
             return Outcome(True)
-        return _start(pbs, service, pbs.event().job, config.job_policies, log)
+        job = pbs.event().job
+        outcome = _start(pbs, service, job, config.job_policies, log)
+        if not outcome.accept and "[" in str(job.id):
+            return Outcome(True)        # said by _start: SUBJOB_REFUSAL
+        if not outcome.accept:
+            retry = time.time() + max(RETRY_FLOOR_S, config.cycle_interval)
+            job.Execution_Time = int(retry)
+            _job_log(pbs, str(job.id), log)("info", "held until %s, then tried again"
+                                            % time.strftime("%H:%M:%S", time.localtime(retry)))
+        return outcome
 
 
 def _job_log(pbs, job_id: str, log: LogFn) -> LogFn:
@@ -168,7 +208,42 @@ def _start(pbs, service, job, job_policies, log: LogFn) -> Outcome:
     policy, why = choose_policy(_resource(job.Resource_List, "power_policy"), requested_eoe(job),
                                 str(job.queue) if job.queue is not None else None,
                                 job_policies, topo.policies)
-    return start_job_group(service, job_id, managed, policy, why, job_policies, say)
+    shared = shared_hosts(pbs, service, job, managed)
+    own = [h for h in managed if h not in shared]
+    if shared:
+        say("info", "shares %s with other jobs: runs there under the host's current policy "
+            "(%s)%s" % (",".join(sorted(shared)), ", ".join(
+                "%s: %s" % (h, shared[h]) for h in sorted(shared)),
+                "; %s applies only to hosts it holds alone" % policy if policy else ""))
+    if not own:
+        return Outcome(True)
+    return start_job_group(service, job_id, own, policy, why, job_policies, say,
+                           SUBJOB_REFUSAL if "[" in job_id else "run request rejected")
+
+
+def shared_hosts(pbs, service, job, hosts: Sequence[str]) -> dict:
+    """Of ``hosts``, those the job does not hold alone -> who holds them.
+
+    A host is shared when another job's resource group has it, or when
+    another job runs on one of this job's vnodes there. A shared host keeps
+    the policy it has (the group that got it first, else its topology
+    policy); PBS packs jobs onto hosts by default, so this is normal use,
+    never a reason to refuse the job.
+    """
+    own = group_name(str(job.id))
+    out = {h: g for h, g in service.store.member_groups(list(hosts)).items() if g != own}
+    wanted = set(hosts)
+    for vnode in parse_exec_vnode(str(job.exec_vnode or "")):
+        try:
+            running = pbs.server().vnode(vnode).jobs
+        except Exception:  # cannot tell: treat as not shared
+            continue
+        others = {item.strip().split("/")[0] for item in str(running or "").split(",")}
+        others -= {"", str(job.id)}
+        host = vnode_host(pbs, vnode)
+        if others and host in wanted and host not in out:
+            out[host] = "topology policy, job %s runs there" % sorted(others)[0]
+    return out
 
 
 def free_hosts_of_ended_jobs(pbs, service, hosts: Sequence[str], own: str,

@@ -5,8 +5,11 @@ on ``len(nodes)`` nodes and asks a power `Manager` (see ``managers.py``)
 what to do with idle nodes. Two scheduler flavours, as in the real systems:
 
 * ``pbs``: jobs start only on nodes that are up and not marked asleep; the
-  calendar counts sleeping nodes as available now (PBS puts them in the top
-  job's exec_vnode and leaves waking them to the power hook). While the top
+  calendar counts sleeping nodes as available now. That is what the power
+  hook works from: a real PBS scheduler gives such jobs no estimate (default
+  sched_config) or calendars sleeping nodes at now + 600 s, so the hook fits
+  queued jobs onto free plus sleeping nodes itself and treats those
+  estimates as "now" (``pbs_power.pbs.placement``, ``pbs_power.pbs.demand``). While the top
   job waits only for nodes to wake, the free nodes are held for it: nothing
   backfills onto them.
 * ``slurm``: a job may be allocated powered-down nodes; allocating one

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import HookConfig
 from .model import (Phase, Plan, PowerState, RampStep, Snapshot, Transition,
-                    TransitionKind)
+                    TransitionKind, hosts_of)
 from .planner import FLEET, RAMP_WINDOW, needed_back, plan
 from .transitions import Outcome, apply_marks, reconcile
 
@@ -55,8 +55,12 @@ class CycleReport:
 class Cycle:
     """Runs periodic passes for one cluster with one config, store and backend."""
 
-    def __init__(self, config: HookConfig, store, backend, log: LogFn):
+    def __init__(self, config: HookConfig, store, backend, log: LogFn,
+                 check_down_hosts: bool = False):
+        """``check_down_hosts``: the scheduler may forget sleep marks (PBS does on a
+        restart): every run, hosts we put down but shown awake are checked."""
         self.config = config
+        self.check_down_hosts = check_down_hosts
         self.store = store
         self.backend = backend
         self.log = log
@@ -78,6 +82,8 @@ class Cycle:
         snapshot = replace(snapshot, transitions=self.store.transitions())
         self._forget_recovered(snapshot)
         self._advance(snapshot, now, report)
+        if self.check_down_hosts:
+            self._check_down_hosts(snapshot, now, report)
         snapshot = self._with_history(snapshot, report, now)
         report.plan = plan(snapshot, self.config, now)
         for note in report.plan.notes:
@@ -94,6 +100,50 @@ class Cycle:
             if host in known and host not in offline:
                 self.store.clear_failed(host)
                 self.log("info", "%s: back in service (offline cleared)" % host)
+
+    def _check_down_hosts(self, snapshot: Snapshot, now: float, report: CycleReport) -> None:
+        """Hosts we put down that the scheduler no longer shows asleep: ask the backend.
+
+        A pbs_server restart clears every sleep mark while the hosts stay off.
+        Still off (or asleep): mark them again before the scheduler uses them.
+        On, or running jobs: they are back (someone powered them on); forget
+        that they were down.
+        """
+        down = self.store.down_since()
+        if not down:
+            return
+        flying = {t.host for t in self.store.transitions()} | set(self.store.failed())
+        marked = {m.host for m in report.marks}
+        lost = {}
+        for host, vnodes in hosts_of([v for v in snapshot.vnodes if v.host in down]).items():
+            if host in flying or host in marked or all(v.asleep for v in vnodes):
+                continue
+            if any("offline" in v.states for v in vnodes):
+                continue
+            lost[host] = vnodes
+        if not lost:
+            return
+        statuses = self.backend.status(sorted(lost), now)
+        for host in sorted(lost):
+            status = statuses.get(host)
+            state = status.state if status is not None else PowerState.UNKNOWN
+            jobs = sorted({j for v in lost[host] for j in v.jobs})
+            if state in (PowerState.OFF, PowerState.ASLEEP) and not jobs:
+                report.marks.append(Mark(host, sleep=True))
+                self.log("info", "%s: backend reports it %s but the scheduler shows it "
+                                 "awake (sleep mark lost, e.g. a server restart): marked "
+                                 "sleep again" % (host, state.value))
+            elif state is PowerState.ON or jobs:
+                self.store.set_down_since(host, None)
+                self.log("warning" if jobs and state is not PowerState.ON else "info",
+                         "%s: %s; no longer counted as down" % (host, (
+                             "the scheduler runs %s on it (backend reports %s)"
+                             % (",".join(jobs), state.value)) if jobs else
+                             "backend reports it on (powered on outside pbs_power)"))
+            else:
+                self.log("debug", "%s: down since %s but the scheduler shows it awake "
+                                  "and the backend reports %s; left as it is"
+                         % (host, _clock(down[host]), state.value))
 
     # -- transitions already in flight -------------------------------------
     def _advance(self, snapshot: Snapshot, now: float, report: CycleReport) -> None:

@@ -26,7 +26,7 @@ SHIPPED_CONFIG = ROOT / "hooks" / "PBS_power.json"
 FAKE_QMGR = r'''#!{python} -IS
 import marshal, os, sys
 STATE = {state!r}
-EVENTS = {{"periodic", "runjob", "jobobit", "provision", "queuejob", "execjob_begin"}}
+EVENTS = {{"periodic", "runjob", "jobobit", "provision", "queuejob", "modifyjob", "execjob_begin"}}
 HOOK_ATTRS = {{"event", "freq", "alarm", "order", "enabled", "user", "fail_action", "type"}}
 
 def die(msg, code=1):
@@ -77,7 +77,7 @@ state["log"].append(cmd)
 if state.get("fail_on") and state["fail_on"] in cmd:
     die("qmgr obj=x svr=default: simulated failure", 7)
 words = cmd.split(" ", 3)
-if len(words) < 3 or words[0] not in ("list", "create", "set", "import", "delete") \
+if len(words) < 3 or words[0] not in ("list", "create", "set", "unset", "import", "delete") \
         or words[1] not in ("hook", "resource"):
     die("qmgr: Illegal operation")
 verb, kind, name, rest = (words + [""])[:4]
@@ -97,6 +97,10 @@ elif verb == "delete":
     del table[name]
 elif name not in table:
     die(unknown)
+elif verb == "unset":
+    # `unset resource X flag` exits 0 whether or not a flag was set (OpenPBS 23.06)
+    for key in rest.split(","):
+        table[name].pop(key.strip(), None)
 elif verb == "set":
     for key, value in attributes(rest).items():
         if key not in HOOK_ATTRS:
@@ -179,13 +183,15 @@ def cli(capsys, *argv):
 
 def expected_commands(hooks: Path, config: Path) -> list:
     h, c = str(hooks), str(config)
-    out = ["create resource power_policy type=string,flag=h",
+    # power_policy is job-wide: qsub refuses a flag=h resource beside -l select/place
+    # ("-lresource= cannot be used with select or place", OpenPBS 23.06)
+    out = ["create resource power_policy type=string", "unset resource power_policy flag",
            "create resource power_mgmt type=boolean,flag=h"]
     for name, script, attrs in (
             ("pbs_power", "PBS_power.py",
              ["event = periodic", "freq = 60", "alarm = 240", "order = 1"]),
             ("pbs_power_job", "pbs_power_job.py",
-             ['event = "runjob,jobobit"', "alarm = 60", "order = 1"]),
+             ['event = "queuejob,modifyjob,runjob,jobobit"', "alarm = 60", "order = 1"]),
             ("pbs_power_prov", "pbs_power_provision.py",
              ["event = provision", "alarm = 300", "order = 1"])):
         out.append("create hook %s" % name)
@@ -251,7 +257,7 @@ def test_print_mode_prints_copyable_lines_and_runs_nothing(fake, capsys):
     lines = [line for line in out.splitlines() if not line.startswith("#")]
     expected = expected_commands(fake.hooks, fake.config)
     assert lines == ["%s -c '%s'" % (qmgr, c) for c in expected]
-    assert "'set hook pbs_power_job event = \"runjob,jobobit\"'" in out
+    assert "'set hook pbs_power_job event = \"queuejob,modifyjob,runjob,jobobit\"'" in out
     assert "python_path: /opt/pbs_power/lib" in out  # the config's own, imported as is
     assert fake.read()["log"] == []
 
@@ -286,16 +292,30 @@ def test_config_without_python_path_gets_where_pbs_power_runs_from(fake, capsys)
 
 
 # -- --apply -----------------------------------------------------------------------
+def test_freq_follows_cycle_interval_and_an_old_host_flag_is_removed(fake, capsys):
+    doc = json.loads(fake.config.read_text())
+    fake.config.write_text(json.dumps(dict(doc, cycle_interval=120)))
+    state = fake.read()
+    state["resources"]["power_policy"] = {"type": "string", "flag": "h"}  # an earlier install
+    fake.write(state)
+    code, out, err = cli(capsys, *fake.argv("--apply"))
+    assert code == 0, err
+    after = fake.read()
+    assert after["hooks"]["pbs_power"]["freq"] == "120"
+    assert after["resources"]["power_policy"] == {"type": "string"}
+
+
 def test_apply_twice_creates_nothing_the_second_time(fake, capsys):
     code, out, err = cli(capsys, *fake.argv("--apply"))
     assert code == 0, err
     first = fake.read()
     assert sorted(first["resources"]) == ["power_mgmt", "power_policy"]
-    assert first["resources"]["power_policy"] == {"type": "string", "flag": "h"}
+    assert first["resources"]["power_policy"] == {"type": "string"}   # usable beside select
+    assert first["resources"]["power_mgmt"] == {"type": "boolean", "flag": "h"}
     hooks = first["hooks"]
     assert sorted(hooks) == ["pbs_power", "pbs_power_job", "pbs_power_prov"]
     assert hooks["pbs_power"]["event"] == "periodic" and hooks["pbs_power"]["freq"] == "60"
-    assert hooks["pbs_power_job"]["event"] == "runjob,jobobit"
+    assert hooks["pbs_power_job"]["event"] == "queuejob,modifyjob,runjob,jobobit"
     assert hooks["pbs_power_prov"]["script"] == "# pbs_power_prov\n"
     assert all(h["enabled"] == "true" and h["order"] == "1" for h in hooks.values())
     assert json.loads(hooks["pbs_power_job"]["config"])["python_path"] == ["/opt/pbs_power/lib"]
@@ -545,3 +565,33 @@ def test_a_planted_copy_directory_is_refused(fake, tmp_path, capsys, monkeypatch
                          "--config", str(fake.config))
     assert code == 2 and "is not a private directory of ours" in err
     assert os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_pbs_hook_python_is_read_from_pbs_server(tmp_path):
+    (tmp_path / "sbin").mkdir()
+    (tmp_path / "sbin" / "pbs_server.bin").write_bytes(
+        b"\x7fELF...\x00libpthread.so.0\x00libpython3.11.so.1.0\x00libc.so.6\x00")
+    assert pi.hook_python_version(str(tmp_path)) == "3.11"
+    assert pi.python_mismatch(str(tmp_path), (3, 11)) is None
+    note = pi.python_mismatch(str(tmp_path), (3, 12))
+    assert "PBS runs hooks with Python 3.11" in note and "python3.11 -m pip install" in note
+    assert pi.hook_python_version(str(tmp_path / "nowhere")) is None
+
+
+def test_install_names_the_python_pbs_runs_hooks_with(fake, capsys):
+    (fake.exec_dir / "sbin").mkdir()
+    (fake.exec_dir / "sbin" / "pbs_server.bin").write_bytes(b"\x00libpython3.9.so.1.0\x00")
+    code, out, _err = cli(capsys, *fake.argv())
+    assert code == 0 and "# PBS runs hooks with Python 3.9" in out
+
+
+def test_uninstall_names_hosts_pbs_power_left_down(fake, capsys, tmp_path, monkeypatch):
+    from pbs_power.states.store import Store
+    state_dir = tmp_path / "state"
+    with Store.open(str(state_dir)) as store:
+        store.set_down_since("gpu004", 1_800_000_000)
+    monkeypatch.setenv("PBS_POWER_STATE_DIR", str(state_dir))
+    code, out, _err = cli(capsys, "pbs", "install", "--pbs-exec", str(fake.exec_dir), "--uninstall")
+    assert code == 0
+    assert "1 host(s) are asleep, powered off or changing state by pbs_power" in out
+    assert "gpu004" in out

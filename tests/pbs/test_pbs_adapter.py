@@ -86,3 +86,14 @@ def test_power_managed_honours_poweroff_eligible_and_power_mgmt(eligible, mgmt, 
         resources_available = {"host": "n1"} if mgmt is None else {"host": "n1",
                                                                     "power_mgmt": mgmt}
     assert adapter.power_managed(V()) is expected
+
+
+def test_an_empty_vnode_without_cpus_is_no_host(pbs):
+    class V:
+        def __init__(self, ncpus, jobs=None):
+            self.state, self.jobs, self.resv = 0, jobs, None
+            self.poweroff_eligible, self.last_used_time, self.last_state_change_time = 0, 1, 1
+            self.resources_available = {"host": "h", "ncpus": ncpus}
+    names = [v.name for v in adapter.vnodes_from(pbs, {"mom": V(0), "h[0]": V(4),
+                                                     "busy0": V(0, jobs="1.s/0")})]
+    assert names == ["h[0]", "busy0"]

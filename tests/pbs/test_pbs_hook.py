@@ -151,3 +151,17 @@ def test_disabled_config_changes_nothing(pbs_cluster, tmp_path):
     config(tmp_path, power_on_off_enable=False)
     cycle(pbs_cluster, tmp_path, T0)
     assert all(s == ["free"] for s in states(pbs_cluster).values())
+
+
+@pytest.mark.parametrize("text,says", [
+    ('{"power_on_off_enable": true,', "unreadable: Expecting property name"),
+    ('{"node_idle_limit": "soon", "python_path": %s}', "node_idle_limit wants seconds"),
+])
+def test_a_bad_config_is_one_clear_line_per_cycle(pbs_cluster, tmp_path, text, says):
+    import json
+    (tmp_path / "PBS_power.json").write_text(
+        text % json.dumps(c.hook_python_path()) if "%s" in text else text)
+    record = cycle(pbs_cluster, tmp_path, T0)
+    shown = [l for l in record["log"] if not l.startswith("EVENT_DEBUG3;")]
+    assert len(shown) == 1 and says in shown[0] and "pbs_power: " in shown[0], shown
+    assert all(s == ["free"] for s in states(pbs_cluster).values())

@@ -105,9 +105,37 @@ def test_a_leaked_group_of_an_ended_job_does_not_block_the_next_job(site, tmp_pa
 def test_a_group_of_a_live_job_is_never_taken(site, tmp_path):
     add_job(site, "41.pbssvr", job("(gpu001:ncpus=1)", power_policy="Node-Low"))
     assert run_job_hook(site, "41.pbssvr", "runjob")["accepted"]
-    add_job(site, "42.pbssvr", job("(gpu001:ncpus=1)", power_policy="Node-Low"))
+    add_job(site, "42.pbssvr", job("(gpu001:ncpus=1)", power_policy="Node-High"))
     rec = run_job_hook(site, "42.pbssvr", "runjob")
-    assert not rec["accepted"] and set(groups(tmp_path)) == {"rg_41.pbssvr"}
+    # PBS packs jobs onto shared hosts by default: the second job runs, under
+    # the policy the host has; the first job's group keeps the host.
+    assert rec["accepted"] and set(groups(tmp_path)) == {"rg_41.pbssvr"}
+    assert c.load_state(site)["jobs"]["42.pbssvr"]["job_state"] == "R"
+    assert applied(groups(tmp_path)["rg_41.pbssvr"]) == {"gpu001": "Node-Low"}
+    assert any("shares gpu001 with other jobs" in line and "rg_41.pbssvr" in line
+               and "Node-High applies only to hosts it holds alone" in line
+               for line in job_log(rec, "42.pbssvr"))
+
+
+def test_a_job_packed_beside_a_running_job_leaves_the_host_as_it_is(site, tmp_path):
+    state = c.load_state(site)
+    state["vnodes"]["gpu001"]["jobs"] = ["30.pbssvr/0"]      # started before the topology
+    c.save_state(site, state)
+    add_job(site, "31.pbssvr", job("(gpu001:ncpus=1)+(gpu002:ncpus=1)", power_policy="Node-Low"))
+    rec = run_job_hook(site, "31.pbssvr", "runjob")
+    assert rec["accepted"]
+    assert applied(groups(tmp_path)["rg_31.pbssvr"]) == {"gpu002": "Node-Low"}
+
+
+def test_subjobs_packed_on_one_host_all_run(site, tmp_path):
+    for i in (1, 2, 3):
+        jid = "50[%d].pbssvr" % i
+        add_job(site, jid, job("(gpu003:ncpus=1)"))
+        rec = run_job_hook(site, jid, "runjob")
+        assert rec["accepted"], rec
+        assert c.load_state(site)["jobs"][jid]["job_state"] == "R"
+    assert set(groups(tmp_path)) == {"rg_50_1_.pbssvr"}
+    assert "runjob_retries" not in c.load_state(site)
 
 
 # -- a job's life ------------------------------------------------------------------
@@ -141,7 +169,9 @@ def test_over_budget_strict_is_rejected_and_leaves_nothing(site, tmp_path):
     rec = run_job_hook(site, "44.pbssvr", "runjob")
     assert not rec["accepted"] and rec["reject_msg"].startswith("pbs_power: job 44.pbssvr")
     j = c.load_state(site)["jobs"]["44.pbssvr"]
-    assert j["job_state"] == "Q"
+    # not left queued (the scheduler would ask again at once, in a loop): it waits a cycle
+    assert j["job_state"] == "W" and j["Execution_Time"] >= T0 + 60
+    assert "runjob_retries" not in c.load_state(site)
     assert j["comment"].startswith("Not Running: PBS Error: pbs_power: job 44.pbssvr cannot "
                                    "get policy Node-High on gpu001: does not fit")
     assert groups(tmp_path) == {}
@@ -308,3 +338,27 @@ def test_a_site_provisioning_hook_chains_to_ours(site, tmp_path):
     assert device_policy(tmp_path, "gpu003") == "Node-Med"
     rec = provision(site, "gpu003", "power-low", hook=hook)
     assert rec["exit_code"] == 1 and device_policy(tmp_path, "gpu003") == "Node-Low"
+
+
+def test_a_subjob_is_never_refused(site, tmp_path):
+    hook_config(tmp_path, strict=True)
+    add_job(site, "51[2].pbssvr", job("(gpu001:ncpus=1)", power_policy="Node-High"))
+    rec = run_job_hook(site, "51[2].pbssvr", "runjob")
+    state = c.load_state(site)
+    assert rec["accepted"] and state["jobs"]["51[2].pbssvr"]["job_state"] == "R"
+    assert "runjob_retries" not in state and groups(tmp_path) == {}
+    assert any(line.endswith("array subjob started without its policy (refusing a subjob "
+                             "makes the scheduler retry its array in a tight loop)")
+               for line in job_log(rec, "51[2].pbssvr"))
+
+
+def test_runjob_bounds_each_device_request():
+    from pbs_power.config.hook_config import parse_config
+    from pbs_power.pbs.jobs import RUNJOB_DEVICE_TIMEOUT_S, with_device_cap
+    slow = parse_config({"job_policies": {"device_options": {"timeout_seconds": 30}}})
+    assert with_device_cap(slow, RUNJOB_DEVICE_TIMEOUT_S).job_policies.device_options[
+        "timeout_seconds"] == RUNJOB_DEVICE_TIMEOUT_S <= 10
+    quick = parse_config({"job_policies": {"device_options": {"timeout_seconds": 2}}})
+    assert with_device_cap(quick, 5).job_policies.device_options["timeout_seconds"] == 2
+    assert with_device_cap(parse_config({}), 5).job_policies.device_options == {
+        "timeout_seconds": 5}

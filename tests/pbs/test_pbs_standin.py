@@ -237,7 +237,8 @@ def test_runs_like_pbs_server(tmp_path):
     assert p["conf"]["PBS_EXEC"] == str(tmp_path / "pbs_exec")
     assert p["conf"]["PBS_HOME"] == str(tmp_path / "pbs_home")
     assert p["conf"]["PBS_SERVER"] == "pbssvr"
-    assert rec["log"] == ["LOG_DEBUG;probe;probe done"]
+    # hook lines are tagged with the daemon, not the hook (OpenPBS 23.06 server_logs)
+    assert rec["log"] == ["LOG_DEBUG;Server@pbssvr;probe done"]
     assert c.read_log(st) == rec["log"]
 
 

@@ -105,9 +105,47 @@ def new_state(tmpdir, hook_config_file=None, vnodes=None, jobs=None,
         "vnodes": _as_records(vnodes, make_vnode),
         "jobs": _as_records(jobs, None), "resvs": _as_records(resvs, None),
     }
+    state["resource_defs"] = list(INSTALLED_RESOURCES)
     save_state(state_path, state)
     _write_qstat(pbs_exec / "bin" / "qstat", state_path)
+    _write_qmgr(pbs_exec / "bin" / "qmgr", state_path)
     return state_path
+
+
+#: Custom resources `pbs-power pbs install` creates (the stand-in's defaults).
+INSTALLED_RESOURCES = ("power_policy", "power_mgmt")
+
+
+def _write_qmgr(path, state_path):
+    """A fake qmgr that only records its argv (one JSON line per call)."""
+    path.write_text(
+        "#!%s -I\n"
+        "# fake qmgr written by tests/pbs_standin/cluster.py\n"
+        "import json, sys, time\n"
+        "with open(%r, 'a') as f:\n"
+        "    f.write(json.dumps({'argv': sys.argv[1:], 'at': time.time()}) + '\\n')\n"
+        % (sys.executable, str(state_path) + ".qmgr_calls"))
+    path.chmod(0o755)
+
+
+def qmgr_calls(state_path):
+    """{"argv": [...], "at": epoch} of every fake-qmgr call so far."""
+    try:
+        lines = Path(str(state_path) + ".qmgr_calls").read_text()
+    except OSError:
+        return []
+    return [json.loads(line) for line in lines.splitlines() if line]
+
+
+def restart_server(state_path):
+    """What a pbs_server restart does to vnodes: each MoM registers again and
+    the server clears SLEEP (and UNKNOWN) on its vnodes (is_request(),
+    IS_REGISTERMOM, src/server/node_manager.c; seen on OpenPBS 23.06)."""
+    state = load_state(state_path)
+    for rec in state["vnodes"].values():
+        rec["state"] = [s for s in rec["state"] if s not in ("sleep", "state-unknown")] \
+            or ["free"]
+    save_state(state_path, state)
 
 
 def _write_qstat(path, state_path):

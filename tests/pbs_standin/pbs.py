@@ -243,9 +243,24 @@ class pbs_bool(object):
     __repr__ = __str__
 
 
+#: Resources every OpenPBS server defines (src/lib/Libattr/master_resc_def_all.xml).
+BUILTIN_RESOURCES = frozenset((
+    "cput", "mem", "walltime", "soft_walltime", "min_walltime", "max_walltime", "ncpus",
+    "naccelerators", "select", "place", "nodes", "nodect", "arch", "nchunk", "vntype",
+    "mpiprocs", "ompthreads", "cpupercent", "energy", "file", "pmem", "vmem", "pvmem",
+    "nice", "pcput", "nodemask", "hpm", "ssinodes", "host", "vnode", "resc", "software",
+    "site", "exec_vnode", "start_time", "pe_mask", "partition", "aoe", "eoe",
+    "preempt_targets", "accelerator", "accelerator_model", "accelerator_memory",
+    "accelerator_group", "pstate", "hbmem", "pgov", "pcap_node", "pcap_accelerator"))
+#: Custom resources (``qmgr create resource``); the harness fills it from STATE.json.
+defined_resources = set(BUILTIN_RESOURCES)
+
+
 class pbs_resource(object):
     """Resource list (resources_available, Resource_List, ...): item and
-    attribute access; an unset resource reads as None."""
+    attribute access; an unset resource reads as None, one the server does
+    not define raises AttributeError ("'pbs_resource' object has no
+    attribute 'ngpus'", seen on OpenPBS 23.06)."""
 
     def __init__(self, name, values=None, owner=None):
         object.__setattr__(self, "_name", name)
@@ -254,6 +269,8 @@ class pbs_resource(object):
         object.__setattr__(self, "_modified", {})
 
     def __getitem__(self, key):
+        if key not in self._values and key not in defined_resources:
+            raise AttributeError("'pbs_resource' object has no attribute '%s'" % key)
         return self._values.get(key)
 
     def __setitem__(self, key, value):
@@ -269,7 +286,7 @@ class pbs_resource(object):
     def __getattr__(self, key):
         if key.startswith("_"):
             raise AttributeError(key)
-        return self._values.get(key)
+        return self[key]
 
     def __setattr__(self, key, value):
         self[key] = value
@@ -472,12 +489,25 @@ class _server(object):
     """pbs.server(): snapshots made by the harness; changes to them are not
     sent back (only pbs.event() objects are)."""
 
-    def __init__(self, name, source):
+    def __init__(self, name, source, scheduling=True, power_provisioning=False):
         self.name = name
-        self._source = source
+        self._source_fn = source
+        # server attributes as a hook reads them (ints: scheduling=1,
+        # power_provisioning=0 on a fresh OpenPBS 23.06)
+        self.scheduling = int(bool(scheduling))
+        self.power_provisioning = int(bool(power_provisioning))
 
     def __str__(self):
         return self.name
+
+    def _source(self, kind, key):
+        # the server builds these objects itself: not subject to what a hook may set
+        mode = _state["python_mode"]
+        _state["python_mode"] = False
+        try:
+            return self._source_fn(kind, key)
+        finally:
+            _state["python_mode"] = mode
 
     def _full_id(self, oid):
         return oid if "." in oid else oid + "." + self.name
@@ -504,6 +534,10 @@ class _server(object):
         return (self._source("resv", resvid) or [None])[0]
 
     def scheduler_restart_cycle(self):
+        # Only a hook run inside pbs_server makes the server start a cycle; a
+        # periodic hook runs in a fork()ed child whose flag the server never
+        # reads (run_periodic_hook / post_server_periodic_hook in
+        # src/server/hook_func.c; no cycle followed on OpenPBS 23.06).
         _state["scheduler_restart_cycle"] = True
 
 
@@ -563,9 +597,19 @@ def _level_name(level):
 def logmsg(level, msg):
     if not isinstance(level, int) or not isinstance(msg, str):
         raise TypeError("logmsg() argument types are (int, str)")
-    ev = _state["event"]
-    _write_log("%s;%s;%s" % (_level_name(level),
-                             ev.hook_name if ev is not None else "", msg))
+    # pbs_server tags a server hook's lines with the daemon, not the hook:
+    # ";Hook;Server@<host>;<msg>" (log_event(..., pbs_python_daemon_name, emsg)
+    # in pbsv1mod_meth_logmsg, src/lib/Libpython/common_python_utils.c; seen
+    # on OpenPBS 23.06 as "...;0006;Server@pbshost;Hook;Server@pbshost;<msg>").
+    server_obj = _state["server"]
+    _write_log("%s;Server@%s;%s" % (_level_name(level),
+                                    server_obj.name if server_obj is not None else "", msg))
+
+
+def _server_log(level, hook_name, msg):
+    """A line pbs_server itself writes about a hook: tagged with the hook's name
+    (";Hook;<hook>;periodic request rejected by '<hook>'")."""
+    _write_log("%s;%s;%s" % (_level_name(level), hook_name, msg))
 
 
 def logjobmsg(jobid, msg, level=EVENT_JOB):

@@ -179,7 +179,10 @@ def _build(pbs, state, args, hook_name):
     conf = {"PBS_EXEC": state.get("pbs_exec", ""),
             "PBS_HOME": state.get("pbs_home", ""), "PBS_SERVER": server}
     conf.update(state.get("pbs_conf") or {})
-    pbs._install(ev, pbs._server(server, source), conf,
+    pbs.defined_resources.update(state.get("resource_defs") or ())
+    srv = state.get("server_attrs") or {}
+    pbs._install(ev, pbs._server(server, source, srv.get("scheduling", True),
+                                 srv.get("power_provisioning", False)), conf,
                  state.get("server_host", server))
     return ev
 
@@ -258,14 +261,24 @@ def _write_back(pbs, state, ev, now, outcome):
             rec.update(ch)
             if ch:
                 applied[name] = ch
-        job = ev._param.get("job")
-        if ev.type != pbs.PERIODIC and job is not None and job._modified:
-            rec = state["jobs"][job.id]
-            for attr in job._modified:
-                val = getattr(job, attr)
-                rec[attr] = val._values if isinstance(val, pbs.pbs_resource) \
-                    else val
+    job = getattr(ev, "_param", {}).get("job")
+    if ev.type != pbs.PERIODIC and job is not None and job._modified:
+        # accept: every settable attribute goes back; a runjob reject sends
+        # back only runjob_reject_attrlist (src/server/hook_func.c)
+        keep = None if outcome["accepted"] else (
+            _RUNJOB_REJECT_ATTRS if ev.type == pbs.RUNJOB else ())
+        rec = state["jobs"][job.id]
+        for attr in job._modified:
+            if keep is not None and attr not in keep:
+                continue
+            val = getattr(job, attr)
+            rec[attr] = val._values if isinstance(val, pbs.pbs_resource) \
+                else val
     return applied, errors
+
+
+_RUNJOB_REJECT_ATTRS = ("Execution_Time", "Hold_Types", "project", "depend",
+                        "Variable_List", "Resource_List")
 
 
 def _server_effects(pbs, state, ev, outcome, hook_msg, now):
@@ -277,8 +290,23 @@ def _server_effects(pbs, state, ev, outcome, hook_msg, now):
     if ev.type == pbs.RUNJOB and rec is not None:
         if outcome["accepted"]:
             rec.update(job_state="R", stime=int(now))
-        else:  # job stays queued; the scheduler quotes the reply text
-            rec["comment"] = "Not Running: PBS Error: %s" % hook_msg
+            return
+        # The scheduler quotes the reply text. A job whose Execution_Time the
+        # hook set into the future waits (state W), else it stays queued and
+        # is tried again next cycle. A refused array subjob makes the
+        # scheduler retry the array at once, in the same cycle, and one left
+        # in W is retried for good ("Request invalid for state of job"): a
+        # tight loop either way (seen on OpenPBS 23.06).
+        rec["comment"] = "Not Running: PBS Error: %s" % hook_msg
+        rec["job_state"] = "W" if (rec.get("Execution_Time") or 0) > now else "Q"
+        if "[" in job.id:
+            state.setdefault("runjob_retries", []).append(job.id)
+    elif ev.type in (pbs.QUEUEJOB, pbs.MODIFYJOB) and rec is not None:
+        # A rejected qsub creates no job and qsub prints "qsub: <message>",
+        # exit 32 (seen on OpenPBS 23.06); a rejected qalter changes nothing.
+        if not outcome["accepted"] and ev.type == pbs.QUEUEJOB:
+            del state["jobs"][job.id]
+            state["qsub_error"] = "qsub: %s" % hook_msg
     elif ev.type == pbs.JOBOBIT and rec is not None:
         rec.update(job_state="F", obittime=int(now))
     elif ev.type == pbs.PROVISION:
@@ -333,20 +361,20 @@ def main(argv=None):
     hook_msg = outcome["reject_msg"] or "%s request rejected by '%s'" % (
         etext, hook_name)
     if alarmed:
-        pbs.logmsg(pbs.LOG_ERROR, "alarm call while running %s hook '%s', "
+        pbs._server_log(pbs.LOG_ERROR, hook_name, "alarm call while running %s hook '%s', "
                    "request rejected" % (etext, hook_name))
         hook_msg = ("request rejected as filter hook '%s' got an alarm call. "
                     "Please inform Admin" % hook_name)
     elif exc is not None:
-        pbs.logmsg(pbs.LOG_ERROR, "%s hook '%s' encountered an exception, "
+        pbs._server_log(pbs.LOG_ERROR, hook_name, "%s hook '%s' encountered an exception, "
                    "request rejected" % (etext, hook_name))
         hook_msg = ("request rejected as filter hook '%s' encountered an "
                     "exception. Please inform Admin" % hook_name)
     elif not outcome["accepted"]:
-        pbs.logmsg(pbs.LOG_ERROR, "%s request rejected by '%s'"
+        pbs._server_log(pbs.LOG_ERROR, hook_name, "%s request rejected by '%s'"
                    % (etext, hook_name))
         if outcome["reject_msg"]:
-            pbs.logmsg(pbs.LOG_ERROR, outcome["reject_msg"])
+            pbs._server_log(pbs.LOG_ERROR, hook_name, outcome["reject_msg"])
     with open(args.state) as f:  # re-read: only what the hook changed is ours
         state = json.load(f)
     applied, errors = _write_back(pbs, state, ev, now, outcome)
