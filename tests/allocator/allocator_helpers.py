@@ -66,15 +66,6 @@ def put_to_sleep(hook_dir: str, hosts: Sequence[str]) -> None:
     assert all(r.ok for r in results.values()), results
 
 
-def write_telemetry(path: str, draws: Mapping[str, Sequence[float]], age: float = 0.0) -> str:
-    """GPU draw per node, as a collector writes the telemetry file."""
-    now = time.time() - age
-    with open(path, "w") as f:
-        json.dump({"nodes": {n: {"time": now, "gpus": {str(i): w for i, w in enumerate(ws)}}
-                             for n, ws in draws.items()}}, f)
-    return path
-
-
 def write_policy(policy_dir: str, name: str, code: str, defaults: Optional[dict] = None) -> str:
     os.makedirs(policy_dir, exist_ok=True)
     path = os.path.join(policy_dir, name + ".py")
@@ -96,6 +87,16 @@ def config(clusters: Sequence[ClusterSource], **kw: Any) -> AllocatorConfig:
 def running(cfg: AllocatorConfig, eval_timeout: float = 60.0) -> Iterator[str]:
     """A server on a free local port; yields its ws:// URL."""
     server = AllocatorServer(AllocatorService(cfg), "127.0.0.1", 0, eval_timeout=eval_timeout)
+    yield from _serving(server)
+
+
+@contextlib.contextmanager
+def serving(server: AllocatorServer) -> Iterator[str]:
+    """``server`` on its own loop in a thread; yields its ws:// URL."""
+    yield from _serving(server)
+
+
+def _serving(server: AllocatorServer) -> Iterator[str]:
     thread = ServerThread(server)
     port = thread.start()
     try:

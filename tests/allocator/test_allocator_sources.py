@@ -23,8 +23,8 @@ REMOTE_METRICS = {
               "r2": {"power_state": "on", "allocated_watts": 1000,
                      "gpus": {"0": {"power_watts": 90}, "1": {"power_watts": 20}}}},
     "domains": {"room": {"allocated_watts": 2000}}}
-LOCAL_DRAW = {"nodes": {"b3": {"gpus": {"0": {"power_watts": 55}, "1": {"power_watts": 5},
-                                        "2": {"power_watts": 50}, "3": {"power_watts": 60}}}}}
+# what the racks draw, as the metrics service reports it: rack-b is nearly full
+LOCAL_DRAW = {"domains": {"rack-a": {"drawn_watts": 1000}, "rack-b": {"drawn_watts": 9900}}}
 
 
 @pytest.fixture
@@ -48,12 +48,17 @@ def test_registry_and_metrics_services_supply_remote_clusters(state):
                 request(clusters=["box-cluster"], inputs={"gpus": 2}),
                 request(clusters=["remote-2"]))
     [alloc] = remote["allocations"]
-    assert (alloc["cluster_id"], alloc["node_id"], alloc["gpus"]) == ("remote-1", "r2", ["1"])
-    assert alloc["headroom_watts"] == 5000 - 2000 - 1000
+    assert (alloc["cluster_id"], alloc["node_id"], alloc["gpus"]) == ("remote-1", "r2", ["0"])
+    assert alloc["headroom_watts"] == 5000 - 2000 - 1000 and alloc["lease_id"]
     assert filtered["clusters"] == ["box-cluster", "remote-1"]
     assert ("POST", "/clusters/query", {"query": {"labels.room": "b12"}}) in reg_seen
-    # the metrics service's GPU draw for b3 (known) beats b2's (unknown)
-    assert (local["allocations"][0]["node_id"], local["allocations"][0]["gpus"]) == ("b3", ["1", "2"])
+    # r2 is leased; asleep r1 beats the local nodes, whose state is unknown (no hook config)
+    assert filtered["allocations"][0]["node_id"] == "r1"
+    # the metrics service's drawn watts: rack-a has 1000 W left, rack-b 100 W
+    [near] = local["allocations"]
+    assert (near["node_id"], near["gpus"], near["headroom_watts"]) == ("a1", ["0", "1"], 1000)
+    assert near["headroom_source"] == "drawn watts (metrics service)"
+    assert "no hook config: power states unknown" in " ".join(local["notes"])
     assert missing["error"]["code"] == "unknown_cluster" and "HTTP error" in missing["error"]["message"]
 
 
