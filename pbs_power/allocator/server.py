@@ -193,7 +193,8 @@ class AllocatorServer:
             def build(views: Dict[str, int]) -> Dict[str, Any]:
                 sent.append(self.service.task(prepared, views))
                 return sent[-1]
-            reply = await self.pool.run(build, max(0.001, deadline - time.monotonic()))
+            reply = await self.pool.run(prepared.policy, build,
+                                        max(0.001, deadline - time.monotonic()))
             answer = self.service.finish(prepared, sent[-1], reply, attempt == attempts - 1)
             if answer is not None:
                 return answer
@@ -234,7 +235,7 @@ class AllocatorServer:
         name = check_uri(str(doc.get("policy_rule_uri", "")), self.service.registry.default)
         task = {"kind": "management", "policy": name, "action": action, "data": data,
                 "context": {}, "candidates": [], "local": {}, "remote": {}, "leases": {}}
-        reply = await self.pool.run(lambda views: task, self.eval_timeout)
+        reply = await self.pool.run(name, lambda views: task, self.eval_timeout)
         if not reply.get("ok"):
             raise AllocatorError(reply["code"], reply["message"])
         return {"ok": True, "policy_rule_uri": name, "action": action,

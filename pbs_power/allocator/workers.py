@@ -3,7 +3,9 @@
 A policy is the admin's code: it may loop, block or crash. Each run goes to
 an idle worker process (started on demand, at most ``size``); when the run
 passes its deadline or its client goes away, the worker is killed and a new
-one takes its place later, so no stuck policy keeps a worker. Workers keep
+one takes its place later, so no stuck policy keeps a worker. One policy
+never holds every worker: with two or more, one is always left for the
+others, so a policy that hangs slows only its own requests. Workers keep
 the latest view of each cluster, so a view crosses to a worker once.
 """
 from __future__ import annotations
@@ -46,20 +48,36 @@ class PolicyPool:
         self._idle: List[_Worker] = []
         self._all: List[_Worker] = []
         self._slots: Optional[asyncio.Semaphore] = None
+        self._per_policy: Dict[str, asyncio.Semaphore] = {}
         self._io = ThreadPoolExecutor(2 * size + 2, thread_name_prefix="allocator-pipe")
         self.killed = 0
 
-    async def run(self, build: Callable[[Dict[str, int]], Dict[str, Any]],
+    async def run(self, policy: str, build: Callable[[Dict[str, int]], Dict[str, Any]],
                   timeout: float) -> Dict[str, Any]:
         """The reply to ``build(views the worker holds)``; AllocatorError(timeout) past it.
 
         Cancelling the coroutine (a client gone) kills the worker running it.
         """
         deadline = time.monotonic() + timeout
+        mine = self._per_policy.get(policy)
+        if mine is None:
+            mine = self._per_policy[policy] = asyncio.Semaphore(max(1, self.size - 1))
+        try:
+            await asyncio.wait_for(mine.acquire(), timeout)
+        except asyncio.TimeoutError:
+            raise _late(timeout, "every worker policy %s may use stayed busy" % policy) \
+                from None
+        try:
+            return await self._run(build, deadline, timeout)
+        finally:
+            mine.release()
+
+    async def _run(self, build: Callable[[Dict[str, int]], Dict[str, Any]], deadline: float,
+                   timeout: float) -> Dict[str, Any]:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.size)
         try:
-            await asyncio.wait_for(self._slots.acquire(), timeout)
+            await asyncio.wait_for(self._slots.acquire(), max(0.001, deadline - time.monotonic()))
         except asyncio.TimeoutError:
             raise _late(timeout, "every worker stayed busy") from None
         worker: Optional[_Worker] = None
