@@ -48,8 +48,9 @@ def raise_fd_limit(max_connections: int) -> int:
 class Burst:
     """Counts refusals of one kind; logs the first of a burst and, later, its end."""
 
-    def __init__(self, what: str, quiet_seconds: float = 5.0):
+    def __init__(self, what: str, done: str = "refused", quiet_seconds: float = 5.0):
         self.what = what
+        self.done = done
         self.quiet_seconds = quiet_seconds
         self.count = 0
         self.total = 0
@@ -67,7 +68,7 @@ class Burst:
     def settle(self, force: bool = False) -> None:
         """Log the end of a burst once none came for ``quiet_seconds`` (or now, ``force``)."""
         if self.count and (force or time.monotonic() - self._last >= self.quiet_seconds):
-            log.warning("%s: burst over, %d refused", self.what, self.count)
+            log.warning("%s: burst over, %d %s", self.what, self.count, self.done)
             self.count = 0
 
 
@@ -80,12 +81,15 @@ class Limits:
         self.max_buffered_bytes = max_buffered_bytes
         self.max_message_bytes = max_message_bytes
         self.idle_timeout = idle_timeout
-        self.open = 0
+        self.open = 0           # connections being served
+        self.sockets = 0        # every socket, handshaking and closing ones too
         self.buffered = 0
         self.peak_open = 0
+        self.admitted = 0
         self.refused = Burst("too many connections, refusing new ones with code 1013")
-        self.overfull = Burst("too many bytes buffered, closing connections with code 1013")
-        self.no_fds = Burst("out of file descriptors, accepting paused")
+        self.overfull = Burst("too many bytes buffered, closing connections with code 1013",
+                              "closed")
+        self.no_fds = Burst("out of file descriptors, accepting paused", "accepts failed")
 
     def admit(self) -> bool:
         """Count a new connection; False (and counted as refused) past the maximum."""
@@ -93,6 +97,7 @@ class Limits:
             self.refused.hit("%d open, max_connections %d" % (self.open, self.max_connections))
             return False
         self.open += 1
+        self.admitted += 1
         self.peak_open = max(self.peak_open, self.open)
         return True
 
@@ -100,7 +105,9 @@ class Limits:
         self.open -= 1
 
     def stats(self) -> Dict[str, Any]:
-        return {"open": self.open, "peak_open": self.peak_open, "buffered_bytes": self.buffered,
+        return {"open": self.open, "sockets": self.sockets, "peak_open": self.peak_open,
+                "admitted": self.admitted,
+                "buffered_bytes": self.buffered,
                 "refused": self.refused.total, "closed_overfull": self.overfull.total}
 
     def loop_exception_handler(self, loop: Any, context: Dict[str, Any]) -> None:
@@ -145,7 +152,12 @@ def connection_class(limits: Limits) -> Any:
             limits.buffered -= self.pending
             self.pending = 0
 
+        def connection_made(self, transport: Any) -> None:
+            limits.sockets += 1
+            super().connection_made(transport)
+
         def connection_lost(self, exc: Optional[Exception]) -> None:
+            limits.sockets -= 1
             self.taken()
             super().connection_lost(exc)
 

@@ -6,7 +6,9 @@ request's ``inputs``, ``parameters`` and ``settings``, the rule's
 stamp, with the view's frozen form only when the worker lacks it (workers
 keep the latest view of each cluster), a remote one as its data. The reply
 is ``{"ok": True, "result", "context"}`` or ``{"ok": False, "code",
-"message"}``. `worker_main` is a worker process's loop.
+"message"}``. `worker_main` is a worker process's loop; run as a program
+(``python -m pbs_power.allocator.policy_run FD POLICY_DIR DEFAULT``) it serves
+the socket inherited as FD.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import logging
 import marshal
 import pickle
 import signal
+import sys
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from .clients import ClusterDirectory, HttpClusterClient, HttpMetricsClient, MetricsDirectory
@@ -156,3 +159,15 @@ def worker_main(conn: Any, policy_dir: Optional[str], default: str) -> None:
         except (EOFError, OSError):
             return
         conn.send_bytes(encode_reply(run_task(task, registry, cache)))
+
+
+def main(argv: Any) -> None:
+    """A worker process started by the server: ``FD POLICY_DIR DEFAULT``."""
+    from multiprocessing.connection import Connection
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING,
+                        format="%(asctime)s allocator-policy %(levelname)s %(message)s")
+    worker_main(Connection(int(argv[1])), argv[2] or None, argv[3])
+
+
+if __name__ == "__main__":
+    main(sys.argv)

