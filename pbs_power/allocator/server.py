@@ -89,6 +89,7 @@ class AllocatorServer:
             finally:
                 os.umask(old)
         self._tasks.append(loop.create_task(self._housekeeping()))
+        self._tasks.append(loop.create_task(self.pool.warm()))
         return self.port
 
     async def stop(self) -> None:

@@ -108,6 +108,11 @@ class PolicyPool:
                 self._kill(worker)
             self._slots.release()
 
+    async def warm(self) -> None:
+        """Start one worker ahead of the first request (it waits idle)."""
+        if not self._all:
+            self._idle.append(await self._start())
+
     async def _start(self) -> _Worker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._io, self._spawn)
