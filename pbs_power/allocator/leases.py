@@ -75,58 +75,71 @@ class LeaseBook:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def conflicts(self, allocations: Sequence[Mapping[str, Any]]) -> List[int]:
-        """Indexes of allocations that share a node or GPU with a live lease, or each other."""
-        with self._lock:
-            self._expire(self.clock())
-            return self._conflicts(allocations)
-
-    def _conflicts(self, allocations: Sequence[Mapping[str, Any]]) -> List[int]:
-        bad: List[int] = []
-        mine: Dict[Tuple[str, str], List[Tuple[Sequence[str], bool]]] = {}
-        for i, alloc in enumerate(allocations):
-            key, gpus, exclusive = _claim(alloc)
-            if key is None:
-                continue
-            held = [(lease.gpus, lease.exclusive) for lease in self._by_node.get(key, ())]
-            held += mine.get(key, [])
-            if any(ex or exclusive or set(g) & set(gpus) for g, ex in held):
-                bad.append(i)
-            else:
-                mine.setdefault(key, []).append((gpus, exclusive))
-        return bad
+    def _free(self, alloc: Mapping[str, Any],
+              mine: Dict[Tuple[str, str], List[Tuple[Sequence[str], bool]]]) -> bool:
+        """True when ``alloc`` shares nothing with live leases or this request's picks."""
+        key, gpus, exclusive = _claim(alloc)
+        if key is None:
+            return True
+        held = [(lease.gpus, lease.exclusive) for lease in self._by_node.get(key, ())]
+        held += mine.get(key, [])
+        return not any(ex or exclusive or set(g) & set(gpus) for g, ex in held)
 
     def reserve(self, allocations: List[Dict[str, Any]],
                 data: Mapping[str, Mapping[str, Any]], request_id: Optional[str] = None,
                 all_or_none: bool = True) -> List[int]:
         """Lease every allocation with a node; returns the indexes refused as conflicting.
 
-        With ``all_or_none`` nothing is leased when any conflicts (the caller
-        runs the policy again); else the others are leased. Leased allocations
-        get ``lease_id`` and ``lease_expires_in_s``.
+        An allocation that collides with a live lease (or an earlier one of
+        the same request) is replaced by its first free ``alternatives``
+        entry. With ``all_or_none`` nothing is leased when one still
+        collides (the caller runs the policy again); else the others are.
+        Leased allocations get ``lease_id`` and ``lease_expires_in_s``;
+        ``alternatives`` are dropped.
         """
         with self._lock:
             now = self.clock()
             self._expire(now)
-            bad = self._conflicts(allocations)
+            mine: Dict[Tuple[str, str], List[Tuple[Sequence[str], bool]]] = {}
+            picks: List[Optional[Dict[str, Any]]] = []
+            for alloc in allocations:
+                choices = [alloc] + list(alloc.get("alternatives") or ())
+                pick = next((c for c in choices if self._free(c, mine)), None)
+                picks.append(pick)
+                if pick is not None:
+                    key, gpus, exclusive = _claim(pick)
+                    if key is not None:
+                        mine.setdefault(key, []).append((gpus, exclusive))
+            bad = [i for i, pick in enumerate(picks) if pick is None]
             if bad and all_or_none:
                 return bad
-            for i, alloc in enumerate(allocations):
-                key, gpus, exclusive = _claim(alloc)
-                if key is None or i in bad:
+            for i, pick in enumerate(picks):
+                allocations[i].pop("alternatives", None)
+                if pick is None:
                     continue
-                cluster = data.get(key[0]) or {}
-                info = ((cluster.get("data") or {}).get("nodes") or {}).get(key[1]) or {}
-                watts = lease_watts(cluster.get("data") or {}, cluster.get("cluster_metrics")
-                                    or {}, key[1], alloc.get("power_policy"))
-                lease = Lease(secrets.token_urlsafe(12), key[0], key[1], tuple(gpus), exclusive,
-                              watts, tuple(info.get("domains") or ()), now, now + self.seconds,
-                              request_id)
-                self._by_id[lease.id] = lease
-                self._by_node.setdefault(key, []).append(lease)
-                alloc["lease_id"] = lease.id
-                alloc["lease_expires_in_s"] = self.seconds
+                if pick is not allocations[i]:
+                    pick = {**{k: v for k, v in allocations[i].items()
+                               if k == "request_id"}, **pick}
+                    pick.pop("alternatives", None)
+                    allocations[i] = pick
+                self._lease(pick, data, request_id, now)
             return bad
+
+    def _lease(self, alloc: Dict[str, Any], data: Mapping[str, Mapping[str, Any]],
+               request_id: Optional[str], now: float) -> None:
+        key, gpus, exclusive = _claim(alloc)
+        if key is None:
+            return
+        cluster = data.get(key[0]) or {}
+        info = ((cluster.get("data") or {}).get("nodes") or {}).get(key[1]) or {}
+        watts = lease_watts(cluster.get("data") or {}, cluster.get("cluster_metrics") or {},
+                            key[1], alloc.get("power_policy"))
+        lease = Lease(secrets.token_urlsafe(12), key[0], key[1], tuple(gpus), exclusive, watts,
+                      tuple(info.get("domains") or ()), now, now + self.seconds, request_id)
+        self._by_id[lease.id] = lease
+        self._by_node.setdefault(key, []).append(lease)
+        alloc["lease_id"] = lease.id
+        alloc["lease_expires_in_s"] = self.seconds
 
     def release(self, ids: Sequence[str]) -> Tuple[List[str], List[str]]:
         """(released, unknown) lease ids."""

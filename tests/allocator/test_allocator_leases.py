@@ -224,3 +224,34 @@ def test_the_seeds_service_urls_come_from_the_environment():
     assert mine.metrics_url == "http://127.0.0.1:9"               # config and options win
     with pytest.raises(AllocatorConfigError, match="CLUSTER_SERVICE_URL"):
         from_environment(AllocatorConfig(), {"CLUSTER_SERVICE_URL": "ftp://x"})
+
+
+def test_a_colliding_allocation_gets_its_first_free_alternative():
+    from pbs_power.allocator.leases import LeaseBook
+    data = {"c": {"data": {"nodes": {n: {"gpu_count": 2, "domains": []}
+                                     for n in ("n1", "n2", "n3")}}, "cluster_metrics": {}}}
+    book = LeaseBook(60)
+    first = [{"cluster_id": "c", "node_id": "n1", "gpus": ["0"]}]
+    assert book.reserve(first, data) == [] and first[0]["lease_id"]
+    # n1's GPU 0 is leased: the first alternative, n2's GPU 0, is handed out instead;
+    # the request's second allocation takes n2's other GPU
+    later = [{"request_id": "j2", "cluster_id": "c", "node_id": "n1", "gpus": ["0"],
+              "alternatives": [{"cluster_id": "c", "node_id": "n2", "gpus": ["0"]},
+                               {"cluster_id": "c", "node_id": "n3", "gpus": ["0"]}]},
+             {"cluster_id": "c", "node_id": "n2", "gpus": ["1"]}]
+    assert book.reserve(later, data) == []
+    assert [(a.get("request_id"), a["node_id"], a["gpus"]) for a in later] == [
+        ("j2", "n2", ["0"]), (None, "n2", ["1"])]
+    assert "alternatives" not in later[0] and all(a["lease_id"] for a in later)
+    # a second request for n2's GPU 1 collides, its alternative too: refused
+    again = [{"cluster_id": "c", "node_id": "n2", "gpus": ["1"],
+              "alternatives": [{"cluster_id": "c", "node_id": "n1", "gpus": ["0"]}]}]
+    assert book.reserve(again, data) == [0] and "lease_id" not in again[0]
+    # GPU 1 of n1 is free: a GPU-level lease leaves the node's other GPUs
+    other = [{"cluster_id": "c", "node_id": "n1", "gpus": ["1"]}]
+    assert book.reserve(other, data) == [] and other[0]["node_id"] == "n1"
+    # nothing free: refused, and with all_or_none nothing of the request is leased
+    full = [{"cluster_id": "c", "node_id": "n3", "gpus": []},
+            {"cluster_id": "c", "node_id": "n1", "gpus": []}]
+    assert book.reserve(full, data) == [1] and "lease_id" not in full[0]
+    assert len(book) == 4

@@ -19,6 +19,9 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 from ..policy_base import InputError
 
 MAX_ASKS = 1024
+#: Next-best nodes an allocation names, for the server to use when a request
+#: running at the same time leased the first (see `pbs_power.allocator.leases`).
+ALTERNATIVES = 16
 ASK_KEYS = ("id", "gpus", "power_policy")
 
 

@@ -17,6 +17,8 @@ For each ask, among the free nodes (see `common`), in this order:
 
 Each choice is counted in the domains above it before the next ask, and the
 answer says which node and why (``reason``), with the headroom's source.
+The next best nodes follow as ``alternatives``: the server hands one out
+instead when a request running at the same time leased the first.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..policy_base import PolicyRule
-from .common import Ask, Node, Pool, gpu_ids, no_node, parse_asks, with_id
+from .common import ALTERNATIVES, Ask, Node, Pool, gpu_ids, no_node, parse_asks, with_id
 
 #: Power states in the order of what using the node now costs; others rank last.
 STATE_RANK = {"on": 0, "waking": 1, "asleep": 2, "off": 3, "down": 3, "going_down": 4}
@@ -124,15 +126,18 @@ class PowerAwarePolicy(PolicyRule):
             if not scored:
                 out.append(no_node(ask, why, pool))
                 continue
-            best = min(scored, key=lambda s: s.key)
+            ranked = sorted(scored, key=lambda s: s.key)
+            best = ranked[0]
             pool.take(best.node)
             budgets.commit(best)
-            out.append(with_id(ask, {
-                "cluster_id": best.node.cluster_id, "node_id": best.node.name,
-                "gpus": gpu_ids(best.node)[:ask.gpus], "power_state": best.node.power_state,
-                "ready_seconds": best.ready, "power_policy": best.policy,
-                "headroom_watts": best.headroom, "headroom_source": best.source,
-                "reason": explain(best, scored)}))
+            choice = _answer(ask, best, explain(best, scored))
+            others = [_answer(ask, s, "next best after %s: %s, ready in about %s s"
+                              % (best.node.name, s.node.power_state,
+                                 "?" if s.ready is None else "%.0f" % s.ready))
+                      for s in ranked[1:ALTERNATIVES + 1]]
+            if others:
+                choice["alternatives"] = others
+            out.append(choice)
         context["runs"] = context.get("runs", 0) + 1
         return {"allocations": out}
 
@@ -153,6 +158,15 @@ class PowerAwarePolicy(PolicyRule):
         return Score(node, rank, float(ready) if _number(ready) else None,
                      policy or node.info.get("topology_policy"), delta, headroom, tightest,
                      source)
+
+
+def _answer(ask: Ask, score: Score, reason: str) -> Dict[str, Any]:
+    """The allocation of ``ask`` to the node of ``score``."""
+    return with_id(ask, {
+        "cluster_id": score.node.cluster_id, "node_id": score.node.name,
+        "gpus": gpu_ids(score.node)[:ask.gpus], "power_state": score.node.power_state,
+        "ready_seconds": score.ready, "power_policy": score.policy,
+        "headroom_watts": score.headroom, "headroom_source": score.source, "reason": reason})
 
 
 def _skip(why: Dict[str, int], reason: str) -> None:
