@@ -12,8 +12,10 @@ device controller last set. ``power_state_source`` says where states came
 from; without a hook config they are ``unknown``, never guessed.
 
 Reads are reused for ``refresh_seconds``. One caller at a time refreshes,
-holding no lock while it reads (SQLite, the power backend, the metrics
-service); the others keep using the previous view meanwhile.
+holding no lock while it reads (SQLite, the power backend); the others keep
+using the previous view meanwhile. The metrics service is asked in the
+background (`remote_metrics`), so a slow one delays no request by more
+than half a second.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .config import ClusterSource
+from .remote_metrics import RemoteMetrics
 
 RG_DB = "resource_groups.db"
 NO_HOOK_CONFIG = "no hook config: power states unknown"
@@ -73,7 +76,8 @@ class LocalCluster:
                  first_read_timeout: float = 60.0):
         self.source = source
         self.refresh_seconds = refresh_seconds
-        self.metrics_client = metrics_client
+        self.remote = RemoteMetrics(metrics_client, source.id or "?", refresh_seconds) \
+            if metrics_client is not None else None
         self.clock = clock
         self.first_read_timeout = first_read_timeout
         self._cond = threading.Condition()
@@ -82,6 +86,8 @@ class LocalCluster:
         self._topo = _Topo()
         self._view: Optional[ClusterView] = None
         self.cluster_id = source.id or self._read_topology()[1].name
+        if self.remote is not None:
+            self.remote.cluster_id = self.cluster_id
 
     def view(self) -> ClusterView:
         """The current view; read again when older than ``refresh_seconds``.
@@ -163,8 +169,11 @@ class LocalCluster:
         notes: List[str] = []
         power = host_power_states(self.source, list(topo.entities), now, notes)
         metrics = cluster_metrics(topo, active, groups, allocations, device_states, power, now)
-        if self.metrics_client is not None:
-            merge_remote_metrics(metrics, self.metrics_client, self.cluster_id, notes)
+        if self.remote is not None:
+            remote, remote_notes = self.remote.latest()
+            notes.extend(remote_notes)
+            if isinstance(remote, dict):
+                deep_merge(metrics, remote)
         domain_headroom(metrics)
         metrics["notes"] = notes
         view = ClusterView(self.cluster_id, topo_state.data, metrics, time.monotonic(), started,
@@ -370,18 +379,6 @@ def _backend_states(hook_config: str, hosts: List[str], now: float, notes: List[
             config.power_backend.type, exc)
         notes.append(where)
         return config.state_dir, {}, config, where
-
-
-def merge_remote_metrics(metrics: Dict[str, Any], client: Any, cluster_id: str,
-                         notes: List[str]) -> None:
-    """Overlay what the metrics service reports for this cluster (its values win)."""
-    try:
-        remote = client.get_cluster(cluster_id)
-    except Exception as exc:  # HTTP errors, APIError, bad JSON: the local view still serves
-        notes.append("metrics service: %s: %s" % (type(exc).__name__, exc))
-        return
-    if isinstance(remote, dict):
-        deep_merge(metrics, remote)
 
 
 def deep_merge(into: Dict[str, Any], other: Mapping[str, Any]) -> None:

@@ -125,8 +125,11 @@ def request(**fields: Any) -> Dict[str, Any]:
 
 
 @contextlib.contextmanager
-def http_service(routes: Dict[Tuple[str, str], Tuple[int, Any]]) -> Iterator[Tuple[str, list]]:
+def http_service(routes: Dict[Tuple[str, str], Tuple[int, Any]],
+                 delay: float = 0.0) -> Iterator[Tuple[str, list]]:
     """A JSON HTTP service on 127.0.0.1 answering ``(method, path) -> (status, body)``.
+
+    Each answer comes after ``delay`` seconds.
 
     Yields (base URL, log of (method, path, body) received).
     """
@@ -138,6 +141,7 @@ def http_service(routes: Dict[Tuple[str, str], Tuple[int, Any]]) -> Iterator[Tup
             body = json.loads(self.rfile.read(length)) if length else None
             path = self.path.split("?")[0]
             seen.append((method, self.path, body))
+            time.sleep(delay)
             status, doc = routes.get((method, path), (404, {"error": "not found"}))
             data = json.dumps(doc).encode()
             self.send_response(status)

@@ -1,10 +1,13 @@
 """Where the allocator's data comes from: HTTP registry and metrics services, and the CLI."""
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+import websockets
 
 from allocator_helpers import (SEED_PAYLOAD, ask, config, http_service, make_cluster, request,
                                running)
@@ -70,6 +73,34 @@ def test_a_failing_metrics_service_leaves_a_note_not_an_error(state):
     assert answer["ok"] and answer["allocations"][0]["cluster_id"] == "box-cluster"
     assert any("metrics service" in n and "500" in n for n in answer["notes"]), answer
     assert seen and seen[0][:2] == ("GET", "/cluster/box-cluster")
+
+
+def test_a_slow_metrics_service_delays_no_request(state):
+    routes = {("GET", "/cluster/box-cluster"): (200, {"success": True, "data": LOCAL_DRAW})}
+    with http_service(routes, delay=3.0) as (met_url, seen):
+        with running(config([ClusterSource(state)], metrics_url=met_url)) as url:
+            async def main():
+                out = []
+                async with websockets.connect(url) as ws:
+                    for pause in (0, 0, 0, 3.5):
+                        await asyncio.sleep(pause)
+                        started = time.monotonic()
+                        await ws.send(json.dumps(request(inputs={"gpus": 1})))
+                        answer = json.loads(await ws.recv())
+                        out.append((answer, time.monotonic() - started))
+                return out
+            answers = asyncio.run(main())
+    for answer, seconds in answers[:3]:
+        assert seconds < 2.0 and answer["ok"], (seconds, answer)
+        assert any("no answer within 0.5 s yet" in n for n in answer["notes"]), answer
+        assert answer["allocations"][0]["headroom_source"] == "allocated caps"
+    last, seconds = answers[3]
+    # the first fetch has answered meanwhile: its drawn watts are used, though a newer
+    # fetch is still running
+    assert seconds < 2.0 and last["allocations"][0]["headroom_source"] == \
+        "drawn watts (metrics service)"
+    assert any("metrics service slow" in n for n in last["notes"]), last
+    assert len(seen) == 2
 
 
 def test_unreachable_registry_is_reported_per_request(state):
