@@ -35,10 +35,11 @@ CONTROL_OPS = ("release", "management", "stats")
 #: Connections the kernel may queue before the server accepts them.
 BACKLOG = 1024
 #: Memory goes back to the system once this many connections came and at most
-#: TRIM_BELOW are left open.
+#: TRIM_BELOW sockets are left.
 TRIM_AFTER = 50
-CLOSE_TIMEOUT = 2.0
 TRIM_BELOW = 4
+#: Seconds a closing client gets to answer the close frame.
+CLOSE_TIMEOUT = 2.0
 
 
 class AllocatorServer:
@@ -53,7 +54,11 @@ class AllocatorServer:
         self.port = port
         self.eval_timeout = eval_timeout or config.eval_timeout_seconds
         workers = max_workers or config.max_workers
-        self.limits = Limits(raise_fd_limit(config.max_connections), config.max_buffered_bytes,
+        fits = raise_fd_limit(config.max_connections)
+        if fits < config.max_connections:
+            log.warning("max_connections %d does not fit the open-files limit: %d instead",
+                        config.max_connections, fits)
+        self.limits = Limits(fits, config.max_buffered_bytes,
                              max_message_bytes or config.max_message_bytes,
                              config.idle_timeout_seconds)
         self.pool = PolicyPool(workers, config.policy_dir, config.default_policy)
@@ -71,7 +76,6 @@ class AllocatorServer:
         loop.set_exception_handler(self.limits.loop_exception_handler)
         # No per-message deflate: allocation messages are small, and each compressed
         # connection would hold zlib state for its lifetime.
-        # A closing client gets CLOSE_TIMEOUT seconds to answer the close frame.
         options = dict(max_size=self.limits.max_message_bytes, max_queue=4, compression=None,
                        close_timeout=CLOSE_TIMEOUT,
                        open_timeout=min(10.0, self.limits.idle_timeout),
@@ -142,7 +146,12 @@ class AllocatorServer:
                     return
                 try:
                     await asyncio.wait_for(websocket.send(self._encoded(answer)), idle)
-                except asyncio.TimeoutError:   # the client does not read its answers
+                except (asyncio.TimeoutError, ConnectionClosed):
+                    # the client does not read its answers, or is gone: the leases it
+                    # never learned of are of no use to anyone
+                    self.service.leases.release([a["lease_id"] for a in
+                                                 answer.get("allocations", ())
+                                                 if "lease_id" in a])
                     websocket.transport.abort()
                     return
         except ConnectionClosed:
