@@ -128,7 +128,9 @@ async def client(url: str, n: int, args: argparse.Namespace, latencies: list, er
 async def load(url: str, args: argparse.Namespace) -> dict:
     latencies: list = []
     errors: list = []
-    await client(url, -1, argparse.Namespace(**dict(vars(args), requests=2)), [], [])  # warm up
+    # warm up at full concurrency: the server starts its policy workers as runs overlap
+    warm = argparse.Namespace(**dict(vars(args), requests=2))
+    await asyncio.gather(*(client(url, -1 - n, warm, [], []) for n in range(args.clients)))
     started = time.perf_counter()
     await asyncio.gather(*(client(url, n, args, latencies, errors) for n in range(args.clients)))
     seconds = time.perf_counter() - started
