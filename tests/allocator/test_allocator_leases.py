@@ -133,7 +133,7 @@ def test_stuck_policies_are_stopped_and_other_requests_still_answered(big, tmp_p
     write_policy(policies, "stuck", STUCK)
     cfg = config([ClusterSource(state, hook_config=hook)], policy_dir=policies,
                  admin_token_file=token, max_workers=2)
-    server = AllocatorServer(AllocatorService(cfg), "127.0.0.1", 0, eval_timeout=1.5)
+    server = AllocatorServer(AllocatorService(cfg), "127.0.0.1", 0, eval_timeout=3.0)
 
     async def main(url):
         async def one(message):
