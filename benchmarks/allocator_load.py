@@ -3,14 +3,23 @@
 Builds a --nodes-node topology (8 GPUs a node, 32 nodes a rack, 8 racks a
 row) on SIMULATED devices, puts --asleep-percent of the nodes to sleep in the
 simulated power fleet, gives --busy-percent to resource groups (running
-jobs), writes random GPU draw for every node into a telemetry file, starts
-``pbs-power allocator serve`` in its own process on a free local port and
-has --clients WebSocket clients each send --requests requests in turn (one
-ask of 1-8 GPUs at a random policy, ``power-aware`` by default). Live
-cluster state is reused for --refresh seconds (the server's default, 5).
-Prints JSON: requests/s and latency percentiles (ms, as the client sees it).
+jobs), starts ``pbs-power allocator serve`` in its own process on a free
+local port and runs one of two modes. Live cluster state is reused for
+--refresh seconds (the server's default, 5). Prints JSON.
+
+``--mode load`` (default): --clients WebSocket clients each send --requests
+requests in turn (one ask of 1-8 GPUs at a random policy, ``power-aware`` by
+default), releasing each answer's lease; requests/s and latency
+percentiles (ms, as the client sees it).
+
+``--mode per-job``: what a scheduler does, one job at a time: --jobs jobs,
+each on a new connection, one ask each; with --start-groups (default) each
+job's node then goes into an active resource group, as the job's hooks do.
+Counts any node or GPU handed out twice (no job ends here, so every repeat
+is a duplicate) and the latency percentiles, connection set-up included.
 
     python benchmarks/allocator_load.py [--nodes 1024] [--clients 16] [--requests 50]
+    python benchmarks/allocator_load.py --mode per-job [--jobs 500] [--no-start-groups]
 """
 import argparse
 import asyncio
@@ -77,15 +86,9 @@ def prepare(root: str, args: argparse.Namespace) -> str:
     hook_config = os.path.join(root, "hook.json")
     with open(hook_config, "w") as f:
         json.dump({"state_dir": hook, "power_backend": {"type": "simulated"}}, f)
-    telemetry = os.path.join(root, "gpu.json")
-    with open(telemetry, "w") as f:
-        json.dump({"nodes": {n: {"time": time.time() + 3600,
-                                 "gpus": {str(g): round(rng.uniform(60, 700), 1)
-                                          for g in range(8)}} for n in names}}, f)
     config = os.path.join(root, "allocator.json")
     with open(config, "w") as f:
-        json.dump({"clusters": [{"id": "bench", "state_dir": state, "hook_config": hook_config,
-                                 "gpu_telemetry_file": telemetry}],
+        json.dump({"clusters": [{"id": "bench", "state_dir": state, "hook_config": hook_config}],
                    "refresh_seconds": args.refresh, "max_workers": args.workers,
                    "eval_timeout_seconds": 120}, f)
     return config
@@ -116,12 +119,18 @@ async def client(url: str, n: int, args: argparse.Namespace, latencies: list, er
             latencies.append((time.perf_counter() - started) * 1000.0)
             if not answer.get("ok") or any("error" in a for a in answer["allocations"]):
                 errors.append(answer)
+                continue
+            leases = [a["lease_id"] for a in answer["allocations"] if "lease_id" in a]
+            await ws.send(json.dumps({"op": "release", "lease_ids": leases}))
+            await ws.recv()
 
 
 async def load(url: str, args: argparse.Namespace) -> dict:
     latencies: list = []
     errors: list = []
-    await client(url, -1, argparse.Namespace(**dict(vars(args), requests=2)), [], [])  # warm up
+    # warm up at full concurrency: the server starts its policy workers as runs overlap
+    warm = argparse.Namespace(**dict(vars(args), requests=2))
+    await asyncio.gather(*(client(url, -1 - n, warm, [], []) for n in range(args.clients)))
     started = time.perf_counter()
     await asyncio.gather(*(client(url, n, args, latencies, errors) for n in range(args.clients)))
     seconds = time.perf_counter() - started
@@ -141,8 +150,69 @@ async def load(url: str, args: argparse.Namespace) -> dict:
             "first_error": errors[0] if errors else None}
 
 
+def start_group(state: str, i: int, node: str, policy: str) -> None:
+    """What a job's hooks do when it starts: its node in an active resource group."""
+    svc = ResourceGroupService(state, {"simulated": {"latency_ms": 0}})
+    try:
+        svc.create("job_%d" % i, 100000 + i, policy)
+        svc.add_resources("job_%d" % i, [node])
+        svc.activate("job_%d" % i)
+    finally:
+        svc.close()
+
+
+async def per_job(url: str, args: argparse.Namespace, state: str) -> dict:
+    """--jobs one-job requests in sequence, a connection each; duplicates and latency."""
+    rng = random.Random(args.seed)
+    latencies: list = []
+    errors: list = []
+    nodes: dict = {}
+    gpus: set = set()
+    duplicate_nodes = duplicate_gpus = 0
+    for i in range(args.jobs):
+        policy = rng.choice(POLICIES)[0]
+        message = json.dumps({"adhoc": True, "policy_rule_uri": args.policy,
+                              "inputs": {"id": "job-%d" % i, "gpus": rng.randint(1, 8),
+                                         "power_policy": policy}})
+        started = time.perf_counter()
+        async with websockets.connect(url, open_timeout=60, max_size=None) as ws:
+            await ws.send(message)
+            answer = json.loads(await ws.recv())
+        latencies.append((time.perf_counter() - started) * 1000.0)
+        alloc = (answer.get("allocations") or [{}])[0]
+        if not answer.get("ok") or "node_id" not in alloc:
+            errors.append(answer)
+            continue
+        node = alloc["node_id"]
+        if node in nodes:
+            duplicate_nodes += 1
+        nodes[node] = i
+        for gpu in alloc.get("gpus", []):
+            duplicate_gpus += (node, gpu) in gpus
+            gpus.add((node, gpu))
+        if args.start_groups:
+            start_group(state, i, node, policy)
+    ordered = sorted(latencies)
+
+    def pct(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(p / 100.0 * len(ordered)))], 2)
+    return {"mode": "per-job", "nodes": args.nodes, "policy": args.policy, "jobs": args.jobs,
+            "groups_started": args.start_groups, "placed": len(nodes) + duplicate_nodes,
+            "distinct_nodes": len(nodes), "duplicate_nodes": duplicate_nodes,
+            "duplicate_gpus": duplicate_gpus, "errors": len(errors),
+            "latency_ms": {"p50": pct(50), "p99": pct(99), "max": round(ordered[-1], 2),
+                           "mean": round(statistics.mean(ordered), 2)},
+            "server": {"refresh_seconds": args.refresh, "asleep_percent": args.asleep_percent,
+                       "busy_percent": args.busy_percent},
+            "first_error": errors[0] if errors else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description="Load the allocator server; print JSON.")
+    ap.add_argument("--mode", choices=("load", "per-job"), default="load")
+    ap.add_argument("--jobs", type=int, default=500, help="per-job mode: jobs in sequence")
+    ap.add_argument("--no-start-groups", dest="start_groups", action="store_false",
+                    help="per-job mode: leave each job's node out of resource groups")
     ap.add_argument("--nodes", type=int, default=1024)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--requests", type=int, default=50, help="requests per client")
@@ -158,7 +228,10 @@ def main() -> None:
         config = prepare(root, args)
         proc, url = start_server(config)
         try:
-            result = asyncio.run(load(url, args))
+            if args.mode == "per-job":
+                result = asyncio.run(per_job(url, args, os.path.join(root, "state")))
+            else:
+                result = asyncio.run(load(url, args))
         finally:
             proc.terminate()
             proc.wait(30)

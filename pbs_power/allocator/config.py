@@ -19,6 +19,9 @@ from pbs_power.config.checks import format_path, load_packaged_schema
 
 CONFIG_SCHEMA = "allocator_config.schema.json"
 STATE_DIR_ENV = "PBS_POWER_STATE_DIR"
+#: The seed's variables naming the cluster registry and metrics services.
+REGISTRY_URL_ENV = "CLUSTER_SERVICE_URL"
+METRICS_URL_ENV = "GLOBAL_CLUSTER_METRICS_URL"
 DEFAULT_STATE_DIR = "/var/spool/pbs_power"
 DEFAULT_POLICY = "power-aware"
 
@@ -35,7 +38,6 @@ class ClusterSource:
     id: Optional[str] = None                 # None: the stored topology's name
     hook_config: Optional[str] = None        # power backend and hook state, for power states
     labels: Mapping[str, Any] = field(default_factory=dict)
-    gpu_telemetry_file: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,13 @@ class AllocatorConfig:
     eval_timeout_seconds: float = 30.0
     max_workers: int = 8
     refresh_seconds: float = 5.0
-    telemetry_max_age_seconds: float = 300.0
     max_message_bytes: int = 1 << 20
+    lease_seconds: float = 120.0
+    max_connections: int = 1000
+    max_buffered_bytes: int = 64 << 20
+    idle_timeout_seconds: float = 300.0
+    admin_token_file: Optional[str] = None
+    admin_socket: Optional[str] = None
 
     def with_overrides(self, **values: Any) -> "AllocatorConfig":
         """A copy with the given (non-None) values; clusters may be a list."""
@@ -73,6 +80,21 @@ class AllocatorConfig:
 def _validator() -> Any:
     from jsonschema import Draft7Validator
     return Draft7Validator(load_packaged_schema(CONFIG_SCHEMA))
+
+
+def from_environment(config: AllocatorConfig, environ: Mapping[str, str] = os.environ
+                     ) -> AllocatorConfig:
+    """``config`` with the seed's service URLs from the environment where it names none."""
+    values = {}
+    for key, env in (("cluster_registry_url", REGISTRY_URL_ENV),
+                     ("metrics_url", METRICS_URL_ENV)):
+        url = environ.get(env, "").strip()
+        if url and getattr(config, key) is None:
+            if not url.startswith(("http://", "https://")):
+                raise AllocatorConfigError("$%s: expected an http:// or https:// URL, got %r"
+                                           % (env, url))
+            values[key] = url
+    return config.with_overrides(**values)
 
 
 def load_allocator_config(path: str) -> AllocatorConfig:
@@ -97,13 +119,13 @@ def parse_allocator_config(doc: Any, source: str = "<allocator config>",
     if problems:
         raise AllocatorConfigError("\n".join(problems))
     values: Dict[str, Any] = {k: v for k, v in doc.items() if k != "clusters"}
-    for key in ("policy_dir",):
+    for key in ("policy_dir", "admin_token_file", "admin_socket"):
         if values.get(key):
             values[key] = _path(values[key], base_dir)
     clusters: List[ClusterSource] = []
     for entry in doc.get("clusters", ()):
         paths = {k: _path(entry[k], base_dir) for k in ("state_dir", "hook_config",
-                                                        "gpu_telemetry_file") if k in entry}
+                                                        ) if k in entry}
         clusters.append(ClusterSource(id=entry.get("id"), labels=dict(entry.get("labels", {})),
                                       **paths))
     ids = [c.id for c in clusters if c.id is not None]

@@ -3,14 +3,19 @@
 A cluster is a pbs_power state directory: its topology (nodes, device
 specs, power domains and budgets, policies) gives ``data``; live state gives
 ``cluster_metrics``: each node's power state (the hook's power backend, the
-hook store's transitions in flight, failed and down hosts), the resource
-group it is in and the watts its applied policy allows, each power domain's
-allocated watts and headroom under its budget (the budget arithmetic of
-`pbs_power.groups.budget`), and per GPU the cap the device controller last set and
-the recent draw from the GPU telemetry file or the metrics service.
+hook store's transitions in flight, failed and down hosts) and the seconds
+until it could run work (wake or boot time, learned per host by the hook's
+store), the resource group it is in and the watts its applied policy allows,
+each power domain's allocated watts and headroom under its budget (the
+budget arithmetic of `pbs_power.groups.budget`), and per GPU the cap the
+device controller last set. ``power_state_source`` says where states came
+from; without a hook config they are ``unknown``, never guessed.
 
-Reads are cached for ``refresh_seconds``; each read opens and closes its own
-database connections, so any worker thread may refresh.
+Reads are reused for ``refresh_seconds``. One caller at a time refreshes,
+holding no lock while it reads (SQLite, the power backend); the others keep
+using the previous view meanwhile. The metrics service is asked in the
+background (`remote_metrics`), so a slow one delays no request by more
+than half a second.
 """
 from __future__ import annotations
 
@@ -23,8 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .config import ClusterSource
+from .remote_metrics import RemoteMetrics
 
 RG_DB = "resource_groups.db"
+NO_HOOK_CONFIG = "no hook config: power states unknown"
 
 
 class DataUnavailable(Exception):
@@ -33,19 +40,25 @@ class DataUnavailable(Exception):
 
 @dataclass
 class ClusterView:
-    """One cluster's data and metrics as of ``taken`` (shared: copy before handing out)."""
+    """One cluster's data and metrics, read from ``started`` (shared: copy before handing out)."""
 
     cluster_id: str
     data: Dict[str, Any]
     metrics: Dict[str, Any]
-    taken: float = 0.0
+    taken: float = 0.0           # time.monotonic() when the read ended
+    started: float = 0.0         # time.monotonic() when it began
+    stamp: int = 0               # distinct per view of a cluster
     _frozen: bytes = b""
 
-    def copy(self) -> Dict[str, Any]:
-        """``{"data", "cluster_metrics"}`` as a private copy (decoded from a frozen form)."""
+    def frozen(self) -> bytes:
+        """``{"data", "cluster_metrics"}`` in marshal form, for copies and worker processes."""
         if not self._frozen:
             self._frozen = marshal.dumps({"data": self.data, "cluster_metrics": self.metrics})
-        return marshal.loads(self._frozen)
+        return self._frozen
+
+    def copy(self) -> Dict[str, Any]:
+        """``{"data", "cluster_metrics"}`` as a private copy (decoded from the frozen form)."""
+        return marshal.loads(self.frozen())
 
 
 @dataclass
@@ -59,24 +72,52 @@ class LocalCluster:
     """A configured cluster; `view()` reads it again once ``refresh_seconds`` have passed."""
 
     def __init__(self, source: ClusterSource, refresh_seconds: float = 5.0,
-                 telemetry_max_age: float = 300.0, metrics_client: Any = None,
-                 clock: Any = time.time):
+                 metrics_client: Any = None, clock: Any = time.time,
+                 first_read_timeout: float = 60.0):
         self.source = source
         self.refresh_seconds = refresh_seconds
-        self.telemetry_max_age = telemetry_max_age
-        self.metrics_client = metrics_client
+        self.remote = RemoteMetrics(metrics_client, source.id or "?", refresh_seconds) \
+            if metrics_client is not None else None
         self.clock = clock
-        self._lock = threading.Lock()
+        self.first_read_timeout = first_read_timeout
+        self._cond = threading.Condition()
+        self._refreshing = False
+        self._stamps = 0
         self._topo = _Topo()
         self._view: Optional[ClusterView] = None
         self.cluster_id = source.id or self._read_topology()[1].name
+        if self.remote is not None:
+            self.remote.cluster_id = self.cluster_id
 
     def view(self) -> ClusterView:
-        """The current view, read again when older than ``refresh_seconds``."""
-        with self._lock:
+        """The current view; read again when older than ``refresh_seconds``.
+
+        Only the first caller to find it stale reads; the others get the
+        previous view (or, before the first read, wait for it).
+        """
+        with self._cond:
             view = self._view
-            if view is None or time.monotonic() - view.taken >= self.refresh_seconds:
-                view = self._view = self._read()
+            fresh = view is not None and time.monotonic() - view.taken < self.refresh_seconds
+            if fresh or self._refreshing:
+                if view is not None:
+                    return view
+                if not self._cond.wait_for(lambda: self._view is not None or not self._refreshing,
+                                           self.first_read_timeout) or self._view is None:
+                    raise DataUnavailable("cluster %s: no view yet (its first read is still "
+                                          "running or failed)" % self.cluster_id)
+                return self._view
+            self._refreshing = True
+            self._stamps += 1
+            stamp = self._stamps
+        try:
+            view = self._read(stamp)
+        finally:
+            with self._cond:
+                self._refreshing = False
+                self._cond.notify_all()
+        with self._cond:
+            if self._view is None or self._view.stamp < view.stamp:
+                self._view = view
             return view
 
     # -- reading ---------------------------------------------------------------
@@ -111,7 +152,8 @@ class LocalCluster:
             if own:
                 store.close()
 
-    def _read(self) -> ClusterView:
+    def _read(self, stamp: int) -> ClusterView:
+        started = time.monotonic()
         now = self.clock()
         store = self._group_store()
         try:
@@ -121,18 +163,22 @@ class LocalCluster:
             device_states = store.get_device_states(list(topo.entities))
         finally:
             store.close()
-        if not self._topo.data:
-            self._topo.data = cluster_data(self.cluster_id, topo, self.source.labels)
+        topo_state = self._topo
+        if not topo_state.data:
+            topo_state.data = cluster_data(self.cluster_id, topo, self.source.labels)
         notes: List[str] = []
-        states = host_power_states(self.source, list(topo.entities), now, notes)
-        draws = read_telemetry(self.source.gpu_telemetry_file, now, self.telemetry_max_age, notes)
-        metrics = cluster_metrics(topo, active, groups, allocations, device_states, states,
-                                  draws, now)
-        if self.metrics_client is not None:
-            merge_remote_metrics(metrics, self.metrics_client, self.cluster_id, notes)
+        power = host_power_states(self.source, list(topo.entities), now, notes)
+        metrics = cluster_metrics(topo, active, groups, allocations, device_states, power, now)
+        if self.remote is not None:
+            remote, remote_notes = self.remote.latest()
+            notes.extend(remote_notes)
+            if isinstance(remote, dict):
+                deep_merge(metrics, remote)
+        domain_headroom(metrics)
         metrics["notes"] = notes
-        view = ClusterView(self.cluster_id, self._topo.data, metrics, time.monotonic())
-        view.copy()  # freeze it now, under the lock
+        view = ClusterView(self.cluster_id, topo_state.data, metrics, time.monotonic(), started,
+                           stamp)
+        view.frozen()
         return view
 
 
@@ -169,10 +215,18 @@ def cluster_data(cluster_id: str, topo: Any, labels: Mapping[str, Any]) -> Dict[
         "nodes": nodes}
 
 
+@dataclass
+class PowerStates:
+    """Each host's power state, seconds until it could run work, and where that came from."""
+
+    states: Dict[str, str]
+    ready_seconds: Dict[str, Optional[float]]
+    source: str
+
+
 def cluster_metrics(topo: Any, active: bool, groups: Mapping[str, str],
                     allocations: Mapping[str, Any], device_states: Mapping[str, str],
-                    states: Mapping[str, str], draws: Mapping[str, Mapping[str, float]],
-                    now: float) -> Dict[str, Any]:
+                    power: PowerStates, now: float) -> Dict[str, Any]:
     """Live state per node and per power domain (see the module docstring)."""
     from pbs_power.groups import budget
     watts = {e: m.applied_watts for e, m in allocations.items()}
@@ -187,21 +241,39 @@ def cluster_metrics(topo: Any, active: bool, groups: Mapping[str, str],
         allocated = watts.get(name)
         if allocated is None:
             allocated = topo.node_watts(name, topo_policy)
-        state = states.get(name, "unknown")
+        state = power.states.get(name, "unknown")
         caps = gpu_caps(device_states.get(name))
-        drawn = draws.get(name, {})
         nodes[name] = {
-            "power_state": state, "awake": state == "on", "resource_group": groups.get(name),
-            "policy": policy, "allocated_watts": allocated,
-            "gpus": {str(i): {"cap_watts": caps.get(str(i)), "power_watts": drawn.get(str(i))}
+            "power_state": state, "awake": state == "on",
+            "ready_seconds": power.ready_seconds.get(name),
+            "resource_group": groups.get(name), "policy": policy, "allocated_watts": allocated,
+            "gpus": {str(i): {"cap_watts": caps.get(str(i))}
                      for i in range(entity.device.gpu_count)}}
     domains = {}
     for dom in topo.domains.values():
-        used = usage.get(dom.name, 0.0)
-        domains[dom.name] = {"budget_watts": dom.budget_watts, "allocated_watts": used,
-                             "headroom_watts": None if dom.budget_watts is None
-                             else dom.budget_watts - used}
-    return {"time": now, "topology_active": active, "nodes": nodes, "domains": domains}
+        domains[dom.name] = {"budget_watts": dom.budget_watts,
+                             "allocated_watts": usage.get(dom.name, 0.0)}
+    return {"time": now, "topology_active": active, "power_state_source": power.source,
+            "nodes": nodes, "domains": domains}
+
+
+def domain_headroom(metrics: Dict[str, Any]) -> None:
+    """Each domain's ``headroom_watts`` and its ``headroom_source``.
+
+    What the domain draws when the metrics service reports it
+    (``drawn_watts``), else the caps allocated to its nodes.
+    """
+    for dom in (metrics.get("domains") or {}).values():
+        if not isinstance(dom, dict):
+            continue
+        drawn = dom.get("drawn_watts")
+        if isinstance(drawn, (int, float)) and not isinstance(drawn, bool):
+            used, source = float(drawn), "drawn watts (metrics service)"
+        else:
+            used, source = float(dom.get("allocated_watts") or 0.0), "allocated caps"
+        budget = dom.get("budget_watts")
+        dom["headroom_watts"] = None if budget is None else budget - used
+        dom["headroom_source"] = source
 
 
 def gpu_caps(state_json: Optional[str]) -> Dict[str, float]:
@@ -218,7 +290,7 @@ def gpu_caps(state_json: Optional[str]) -> Dict[str, float]:
 def power_state(backend_state: Optional[str], transition: Any, failed: bool, down: bool) -> str:
     """A host's state for allocation: failed, waking, going_down, or what the backend says.
 
-    Without a backend answer a host recorded down is ``down``, else ``on``.
+    Without a backend answer a host recorded down is ``down``, else ``unknown``.
     """
     if failed:
         return "failed"
@@ -226,93 +298,87 @@ def power_state(backend_state: Optional[str], transition: Any, failed: bool, dow
         return "going_down" if transition.kind.is_down else "waking"
     if backend_state is not None:
         return backend_state
-    return "down" if down else "on"
+    return "down" if down else "unknown"
+
+
+def ready_seconds(state: str, host: str, transition: Any, estimates: Mapping[str, Any],
+                  defaults: Mapping[str, float], now: float) -> Optional[float]:
+    """Seconds until ``host`` could run work: 0 awake, else the wake or boot still to wait."""
+    def lead(kind: str) -> float:
+        for key in (host, "*"):
+            found = (estimates.get(key) or {}).get(kind)
+            if found is not None:
+                return float(found)
+        return float(defaults.get(kind, 0.0))
+    if state == "on":
+        return 0.0
+    if state == "waking" and transition is not None:
+        return max(0.0, lead(transition.kind.value) - max(0.0, now - transition.started))
+    if state == "asleep":
+        return lead("wake")
+    if state in ("off", "down", "going_down"):
+        return lead("power_on")
+    return None
 
 
 def host_power_states(source: ClusterSource, hosts: List[str], now: float,
-                      notes: List[str]) -> Dict[str, str]:
+                      notes: List[str]) -> PowerStates:
     """Each host's power state from the hook's store and, when configured, power backend."""
-    hook_dir, backend_states = source.state_dir, {}
+    from pbs_power.config.hook_config import HookConfig
+    hook_dir, backend_states, config = source.state_dir, {}, None
     if source.hook_config:
-        hook_dir, backend_states = _backend_states(source.hook_config, hosts, now, notes)
-    transitions, failed, down = {}, set(), set()
+        hook_dir, backend_states, config, where = _backend_states(source.hook_config, hosts, now,
+                                                                  notes)
+    else:
+        where = NO_HOOK_CONFIG
+        notes.append(NO_HOOK_CONFIG)
+    config = config or HookConfig()
+    defaults = {"power_on": float(config.node_boot_time), "wake": float(config.node_wake_time)}
+    transitions: Dict[str, Any] = {}
+    failed: Any = set()
+    down: Any = set()
+    estimates: Dict[str, Any] = {}
+    from pbs_power.states.model import TransitionKind
     from pbs_power.states.store import DB_NAME, Store, StoreError
-    if os.path.exists(os.path.join(hook_dir, DB_NAME)):
+    if hook_dir and os.path.exists(os.path.join(hook_dir, DB_NAME)):
         try:
             with Store.open(hook_dir) as store:
                 transitions = {t.host: t for t in store.transitions()}
                 failed = set(store.failed())
                 down = set(store.down_since())
+                estimates = dict(store.duration_estimates())
+                estimates["*"] = {k.value: v for k in TransitionKind
+                                  for v in [store.fleet_duration_estimate(k)] if v is not None}
         except StoreError as exc:
             notes.append("hook state unreadable, power states from the backend only: %s" % exc)
-    return {h: power_state(backend_states.get(h), transitions.get(h), h in failed, h in down)
-            for h in hosts}
+    states = {h: power_state(backend_states.get(h), transitions.get(h), h in failed, h in down)
+              for h in hosts}
+    ready = {h: ready_seconds(states[h], h, transitions.get(h), estimates, defaults, now)
+             for h in hosts}
+    return PowerStates(states, ready, where)
 
 
-def _backend_states(hook_config: str, hosts: List[str], now: float,
-                    notes: List[str]) -> Tuple[str, Dict[str, str]]:
-    """(hook state_dir, host -> backend power state) from the hook config's power backend."""
+def _backend_states(hook_config: str, hosts: List[str], now: float, notes: List[str]
+                    ) -> Tuple[str, Dict[str, str], Any, str]:
+    """(hook state_dir, host -> backend state, HookConfig or None, source words)."""
     from pbs_power.config.hook_config import ConfigError, load_config
     from ..devices import BackendError, get_backend
     try:
         config = load_config(hook_config)
     except ConfigError as exc:
-        notes.append("hook config unusable, power states unknown: %s" % str(exc).splitlines()[0])
-        return "", {}
+        where = "hook config unusable, power states unknown: %s" % str(exc).splitlines()[0]
+        notes.append(where)
+        return "", {}, None, where
     try:
         with get_backend(config.power_backend, config.state_dir) as backend:
             found = backend.status(hosts, now)
-        return config.state_dir, {h: p.state.value for h, p in found.items()}
+        return (config.state_dir, {h: p.state.value for h, p in found.items()}, config,
+                "power backend %s of %s" % (config.power_backend.type, hook_config))
     except (BackendError, OSError) as exc:
-        notes.append("power backend %s: status failed: %s" % (config.power_backend.type, exc))
-        return config.state_dir, {}
-
-
-def read_telemetry(path: Optional[str], now: float, max_age: float,
-                   notes: List[str]) -> Dict[str, Dict[str, float]]:
-    """Recent GPU draw per node: ``{"nodes": {NODE: {"time": EPOCH, "gpus": {"0": W}}}}``.
-
-    Entries older than ``max_age`` seconds are left out (their draw is unknown).
-    """
-    if not path:
-        return {}
-    try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read().decode("utf-8"))
-        nodes = doc["nodes"]
-        if not isinstance(nodes, dict):
-            raise TypeError("nodes is not an object")
-    except FileNotFoundError:
-        notes.append("GPU telemetry file %s not found: GPU draw unknown" % path)
-        return {}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        notes.append("GPU telemetry file %s unusable (%s): GPU draw unknown" % (path, exc))
-        return {}
-    out, stale = {}, 0
-    for node, entry in nodes.items():
-        try:
-            if now - float(entry["time"]) > max_age:
-                stale += 1
-                continue
-            out[node] = {str(g): float(w) for g, w in entry["gpus"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError):
-            notes.append("GPU telemetry file %s: entry of %s malformed, skipped" % (path, node))
-    if stale:
-        notes.append("GPU telemetry file %s: %d node(s) older than %g s, draw unknown"
-                     % (path, stale, max_age))
-    return out
-
-
-def merge_remote_metrics(metrics: Dict[str, Any], client: Any, cluster_id: str,
-                         notes: List[str]) -> None:
-    """Overlay what the metrics service reports for this cluster (its values win)."""
-    try:
-        remote = client.get_cluster(cluster_id)
-    except Exception as exc:  # HTTP errors, APIError, bad JSON: the local view still serves
-        notes.append("metrics service: %s: %s" % (type(exc).__name__, exc))
-        return
-    if isinstance(remote, dict):
-        deep_merge(metrics, remote)
+        where = "power backend %s: status failed, power states unknown: %s" % (
+            config.power_backend.type, exc)
+        notes.append(where)
+        return config.state_dir, {}, config, where
 
 
 def deep_merge(into: Dict[str, Any], other: Mapping[str, Any]) -> None:

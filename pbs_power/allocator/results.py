@@ -6,13 +6,17 @@ request in its inputs), or a single ALLOCATION. An allocation is the seed's
 JSON fields (``reason``, ``request_id`` ...), or ``{"error": "..."}`` for a
 request it could not place. The cluster must be one of the candidates, the
 node one of that cluster's nodes, the GPUs distinct ids of that node's GPUs
-(integers are accepted and sent as strings).
+(integers are accepted and sent as strings). An allocation may carry
+``alternatives``: up to 64 more allocations in order of preference, checked
+alike, handed out instead when it collides with a lease (`leases`).
 """
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Tuple
 
 from .schema import BAD_POLICY_RESULT, AllocatorError, is_finite_json
+
+MAX_ALTERNATIVES = 64
 
 
 def check_result(policy: str, result: Any,
@@ -46,7 +50,7 @@ def _allocations(result: Any, problems: List[str]) -> List[Any]:
 
 
 def _allocation(item: Any, where: str, cluster_data: Mapping[str, Mapping[str, Any]],
-                problems: List[str]) -> Any:
+                problems: List[str], nested: bool = False) -> Any:
     if not isinstance(item, dict):
         problems.append("%s must be an object, got %s" % (where, _shape(item)))
         return None
@@ -77,6 +81,20 @@ def _allocation(item: Any, where: str, cluster_data: Mapping[str, Mapping[str, A
             problems.append("%s.gpus: %s" % (where, bad))
             return None
         out["gpus"] = gpus
+    if "alternatives" in item:
+        others = item["alternatives"]
+        if not isinstance(others, list) or len(others) > MAX_ALTERNATIVES or nested:
+            problems.append("%s.alternatives must be a list of at most %d allocations "
+                            "(without alternatives of their own)" % (where, MAX_ALTERNATIVES))
+            return None
+        checked = [_allocation(o, "%s.alternatives[%d]" % (where, i), cluster_data, problems,
+                               nested=True) for i, o in enumerate(others)]
+        if any(c is None for c in checked):
+            return None                     # the problem is listed already
+        if any("cluster_id" not in c for c in checked):
+            problems.append("%s.alternatives: each must name a cluster" % where)
+            return None
+        out["alternatives"] = checked
     return out
 
 

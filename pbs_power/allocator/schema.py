@@ -30,6 +30,9 @@ BAD_POLICY_RESULT = "bad_policy_result"
 TIMEOUT = "timeout"
 DATA_UNAVAILABLE = "data_unavailable"
 INTERNAL = "internal_error"
+FORBIDDEN = "forbidden"
+#: Deepest nesting of objects and lists a message may have.
+MAX_DEPTH = 64
 
 
 class AllocatorError(Exception):
@@ -74,13 +77,33 @@ def decode_message(message: Any) -> Any:
             raise AllocatorError(BAD_JSON, "message is not UTF-8 text (bad byte at offset %d)"
                                  % exc.start) from None
     try:
-        return json.loads(message, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
+        doc = json.loads(message, parse_constant=_no_constant)
+    except RecursionError:
+        raise AllocatorError(INVALID_REQUEST, "message nested too deeply (at most %d levels "
+                             "of objects and lists)" % MAX_DEPTH) from None
+    except ValueError as exc:
         where = ""
         if isinstance(exc, json.JSONDecodeError):
             where = " at line %d, column %d" % (exc.lineno, exc.colno)
             exc = exc.msg  # type: ignore[assignment]
         raise AllocatorError(BAD_JSON, "message is not valid JSON%s: %s" % (where, exc)) from None
+    if depth_over(doc, MAX_DEPTH):
+        raise AllocatorError(INVALID_REQUEST, "message nested too deeply (at most %d levels "
+                             "of objects and lists)" % MAX_DEPTH)
+    return doc
+
+
+def depth_over(value: Any, limit: int) -> bool:
+    """True when ``value`` nests objects and lists deeper than ``limit`` (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _no_constant(name: str) -> Any:

@@ -1,29 +1,46 @@
-"""The allocator's work for one request, without the network: validate, resolve, gather, run.
+"""The allocator's work for one request, without the network: validate, resolve, gather, lease.
 
-`AllocatorService.handle` takes a decoded request and returns the answer
-(or raises `AllocatorError`); it blocks (SQLite, HTTP, the policy's own
-code), so the server runs it in a worker thread.
+`AllocatorService.prepare` checks a decoded request and gathers its
+clusters (it blocks: SQLite, HTTP; the server calls it in a thread); the
+policy then runs elsewhere (`policy_run`, in a worker process) on the task
+`task` builds; `finish` checks the result and leases what it hands out.
+`handle` does all three in the caller's thread (tests, scripts).
 """
 from __future__ import annotations
 
 import logging
+import pickle
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .clients import ClusterDirectory, HttpClusterClient, HttpMetricsClient, MetricsDirectory, \
-    registry_ids
+from .clients import HttpClusterClient, HttpMetricsClient, registry_ids
 from .config import AllocatorConfig, AllocatorConfigError
 from .filters import FilterError, matches
-from .gather import DataUnavailable, LocalCluster, copy_json
-from .policy_base import InputError
-from .registry import PolicyEntry, PolicyRegistry
+from .gather import ClusterView, DataUnavailable, LocalCluster
+from .leases import LeaseBook
+from .policy_run import ViewCache, merge_context, run_task
+from .registry import PolicyRegistry, check_uri
 from .results import check_result
-from .schema import (DATA_UNAVAILABLE, INVALID_INPUTS, INVALID_REQUEST, NOT_SUPPORTED,
-                     POLICY_ERROR, UNKNOWN_CLUSTER, AllocationRequest, AllocatorError,
-                     parse_request, success)
+from .schema import (DATA_UNAVAILABLE, INVALID_REQUEST, NOT_SUPPORTED, UNKNOWN_CLUSTER,
+                     AllocationRequest, AllocatorError, parse_request, success)
 
 log = logging.getLogger("pbs_power.allocator")
+#: Runs of the policy when its allocations collide with a concurrent request's leases.
+ATTEMPTS = 3
 
+
+@dataclass
+class Prepared:
+    """A checked request and the clusters its policy will see."""
+
+    request: AllocationRequest
+    policy: str
+    candidates: List[str]
+    notes: List[str]
+    views: Dict[str, ClusterView] = field(default_factory=dict)     # every local cluster
+    remote: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    started: float = 0.0
 
 class AllocatorService:
     """The clusters this server holds, its policy registry, and the request pipeline."""
@@ -44,34 +61,115 @@ class AllocatorService:
         self.clusters: Dict[str, LocalCluster] = {}
         for source in config.cluster_sources():
             try:
-                cluster = LocalCluster(source, config.refresh_seconds,
-                                       config.telemetry_max_age_seconds, self.remote_metrics)
+                cluster = LocalCluster(source, config.refresh_seconds, self.remote_metrics)
             except DataUnavailable as exc:
                 raise AllocatorConfigError(str(exc)) from None
             if cluster.cluster_id in self.clusters:
                 raise AllocatorConfigError("two clusters are named %s: give them distinct ids"
                                            % cluster.cluster_id)
             self.clusters[cluster.cluster_id] = cluster
-        self.cluster_client = ClusterDirectory(self._local_views, self.remote_registry)
-        self.metrics_client = MetricsDirectory(self._local_views, self.remote_metrics)
+        self.leases = LeaseBook(config.lease_seconds)
+        self._inline_registry = PolicyRegistry(config.policy_dir, config.default_policy)
+        self._inline_cache = ViewCache()
 
-    def handle(self, doc: Any) -> Dict[str, Any]:
-        """The answer to one decoded request; AllocatorError for every failure."""
+    def prepare(self, doc: Any) -> Prepared:
+        """Check a decoded request and read its clusters; AllocatorError for every failure."""
         started = time.monotonic()
         request = parse_request(doc)
-        entry = self.registry.resolve(request.policy_rule_uri)
+        name = check_uri(request.policy_rule_uri, self.registry.default)
         ids, notes = self.resolve_clusters(request)
-        cluster_data = self.gather(ids, notes, private=not getattr(entry.cls, "READS_INPUT_ONLY",
-                                                                     False))
-        result = self.evaluate(entry, request, cluster_data)
-        allocations = check_result(entry.name, result, cluster_data)
-        return success(request, entry.name, ids, allocations,
-                       (time.monotonic() - started) * 1000.0, notes)
+        prepared = Prepared(request, name, ids, notes, started=started)
+        for cid, cluster in self.clusters.items():
+            view = self._view(cluster)
+            self.leases.settle(cid, view.metrics, view.started)
+            prepared.views[cid] = view
+            if cid in ids:
+                notes.extend("%s: %s" % (cid, n) for n in view.metrics.get("notes", ()))
+        for cid in ids:
+            if cid not in self.clusters:
+                prepared.remote[cid] = self._remote(cid, notes)
+                self.leases.settle(cid, prepared.remote[cid]["cluster_metrics"], started)
+        return prepared
+
+    def task(self, prepared: Prepared, worker_views: Mapping[str, int]) -> Dict[str, Any]:
+        """The policy run of ``prepared`` for a worker holding ``worker_views``."""
+        request = prepared.request
+        local = {cid: {"stamp": v.stamp,
+                       "frozen": None if worker_views.get(cid) == v.stamp else v.frozen()}
+                 for cid, v in prepared.views.items()}
+        return {"kind": "eval", "policy": prepared.policy, "inputs": dict(request.inputs),
+                "parameters": dict(request.parameters), "settings": dict(request.settings),
+                "context": dict(self.registry.context(prepared.policy)),
+                "candidates": prepared.candidates, "local": local, "remote": prepared.remote,
+                "leases": self.leases.current(list(prepared.views) + list(prepared.remote)),
+                "registry_url": self.config.cluster_registry_url,
+                "metrics_url": self.config.metrics_url,
+                "http_timeout": self.config.http_timeout_seconds}
+
+    def finish(self, prepared: Prepared, task: Mapping[str, Any], reply: Mapping[str, Any],
+               last: bool) -> Optional[Dict[str, Any]]:
+        """The answer to a run's reply, its allocations leased; None: run it again.
+
+        Allocations that collide with leases made since the run began make it
+        run again; on the ``last`` attempt they become errors instead.
+        """
+        if not reply.get("ok"):
+            raise AllocatorError(reply["code"], reply["message"])
+        merge_context(self.registry.context(prepared.policy), task["context"],
+                      reply.get("context") or {})
+        data = self._checked_data(prepared)
+        allocations = check_result(prepared.policy, reply["result"], data)
+        bad = self.leases.reserve(allocations, data, prepared.request.request_id,
+                                  all_or_none=not last)
+        if bad and not last:
+            return None
+        for i in bad:
+            alloc = allocations[i]
+            allocations[i] = {k: alloc[k] for k in ("request_id",) if k in alloc}
+            allocations[i]["error"] = ("node %s was handed out to a concurrent request while "
+                                       "this one ran; ask again" % alloc.get("node_id"))
+        answer = success(prepared.request, prepared.policy, prepared.candidates, allocations,
+                         (time.monotonic() - prepared.started) * 1000.0, prepared.notes)
+        answer["lease_seconds"] = self.leases.seconds
+        return answer
+
+    def handle(self, doc: Any) -> Dict[str, Any]:
+        """The answer to one decoded request, the policy run in this thread."""
+        prepared = self.prepare(doc)
+        for attempt in range(ATTEMPTS):
+            task = self.task(prepared, self._inline_cache_views())
+            reply = pickle.loads(pickle.dumps(run_task(pickle.loads(pickle.dumps(task)),
+                                                       self._inline_registry,
+                                                       self._inline_cache)))
+            answer = self.finish(prepared, task, reply, attempt == ATTEMPTS - 1)
+            if answer is not None:
+                return answer
+        raise AllocatorError(INVALID_REQUEST, "unreachable")  # finish answers on the last
+
+    def _inline_cache_views(self) -> Dict[str, int]:
+        return {cid: stamp for cid in self.clusters
+                for stamp in [self._inline_cache.stamp(cid)] if stamp is not None}
+
+    def _checked_data(self, prepared: Prepared) -> Dict[str, Dict[str, Any]]:
+        """Candidates' data and unleased metrics, as results are checked and leases priced."""
+        out: Dict[str, Dict[str, Any]] = {}
+        for cid in prepared.candidates:
+            view = prepared.views.get(cid)
+            out[cid] = {"data": view.data, "cluster_metrics": view.metrics} if view is not None \
+                else prepared.remote.get(cid, {})
+        return out
 
     # -- candidate clusters ------------------------------------------------------
     def resolve_clusters(self, request: AllocationRequest) -> Tuple[List[str], List[str]]:
         """(candidate cluster ids, notes): named ones, else the filter's, else all local."""
         notes: List[str] = []
+        if request.search:
+            beside = " beside clusters" if request.clusters else \
+                " beside a filter" if request.filter else ""
+            raise AllocatorError(NOT_SUPPORTED, "search is not supported%s: this server has no "
+                                 "search backend, and answering without it would ignore what "
+                                 "the search asks; send clusters or a filter without search"
+                                 % beside)
         if request.clusters:
             unknown = [c for c in request.clusters if c not in self.clusters]
             if unknown and self.remote_registry is None:
@@ -80,9 +178,6 @@ class AllocatorService:
             return list(request.clusters), notes
         if request.filter:
             return self._filtered(request.filter, notes), notes
-        if request.search:
-            raise AllocatorError(NOT_SUPPORTED, "search is not supported: this server has no "
-                                 "search backend; name the clusters or use a filter")
         return list(self.clusters), notes
 
     def _filtered(self, query: Mapping[str, Any], notes: List[str]) -> List[str]:
@@ -101,24 +196,6 @@ class AllocatorService:
         return ids
 
     # -- data --------------------------------------------------------------------
-    def gather(self, ids: Sequence[str], notes: List[str],
-               private: bool = True) -> Dict[str, Dict[str, Any]]:
-        """``{id: {"data", "cluster_metrics"}}`` for the policy.
-
-        Private copies, unless the policy declares it never changes its input
-        data (``READS_INPUT_ONLY``): then the cached view itself, saving the copy.
-        """
-        out: Dict[str, Dict[str, Any]] = {}
-        for cid in ids:
-            if cid in self.clusters:
-                view = self._view(self.clusters[cid])
-                notes.extend("%s: %s" % (cid, n) for n in view.metrics.get("notes", ()))
-                out[cid] = view.copy() if private else {"data": view.data,
-                                                        "cluster_metrics": view.metrics}
-            else:
-                out[cid] = self._remote(cid, notes)
-        return out
-
     def _view(self, cluster: LocalCluster) -> Any:
         try:
             return cluster.view()
@@ -141,34 +218,3 @@ class AllocatorService:
             except Exception as exc:  # any HTTP or decoding problem: decide without metrics
                 notes.append("%s: metrics service: %s: %s" % (cid, type(exc).__name__, exc))
         return {"data": data, "cluster_metrics": metrics if isinstance(metrics, dict) else {}}
-
-    def _local_views(self) -> Dict[str, Dict[str, Any]]:
-        """Local clusters as the clients in a policy's settings see them (copies)."""
-        out = {}
-        for cid, cluster in self.clusters.items():
-            out[cid] = self._view(cluster).copy()
-        return out
-
-    # -- the policy --------------------------------------------------------------
-    def evaluate(self, entry: PolicyEntry, request: AllocationRequest,
-                 cluster_data: Dict[str, Dict[str, Any]]) -> Any:
-        """Build the policy as the seed does and run it; its failures become AllocatorErrors."""
-        settings = dict(entry.settings)
-        settings.update(copy_json(dict(request.settings)))
-        settings.update({"cluster_client": self.cluster_client,
-                         "cluster_metrics_client": self.metrics_client})
-        parameters = dict(entry.parameters)
-        parameters.update(copy_json(dict(request.parameters)))
-        input_data = {"cluster_data": cluster_data, "inputs": copy_json(dict(request.inputs))}
-        try:
-            policy = entry.cls(entry.name, settings, dict(parameters))
-            return policy.eval(parameters, input_data, self.registry.context(entry.name))
-        except InputError as exc:
-            raise AllocatorError(INVALID_INPUTS, "policy %s: %s" % (entry.name, exc)) from None
-        except AllocatorError:
-            raise
-        except BaseException as exc:  # the policy's own bug, whatever it is, is its answer
-            log.warning("policy %s raised %s: %s", entry.name, type(exc).__name__, exc,
-                        exc_info=log.isEnabledFor(logging.DEBUG))
-            raise AllocatorError(POLICY_ERROR, "policy %s raised %s: %s"
-                                 % (entry.name, type(exc).__name__, exc)) from None

@@ -43,11 +43,24 @@ def _add_serve(actions: Any) -> None:
     p.add_argument("--default-policy", metavar="NAME", help="policy of an empty policy_rule_uri")
     p.add_argument("--eval-timeout", type=_positive, metavar="S",
                    help="seconds before a request gets a timeout error (30)")
-    p.add_argument("--max-workers", type=int, metavar="N", help="worker threads (8)")
+    p.add_argument("--max-workers", type=int, metavar="N",
+                   help="policy worker processes (8), started as needed")
+    p.add_argument("--lease-seconds", type=_positive, metavar="S",
+                   help="seconds an answer holds its nodes for the job to start (120)")
+    p.add_argument("--max-connections", type=int, metavar="N",
+                   help="open connections; more are closed with code 1013 (1000)")
+    p.add_argument("--idle-timeout", type=_positive, metavar="S",
+                   help="seconds a connection may wait between messages (300)")
+    p.add_argument("--admin-socket", metavar="PATH",
+                   help="Unix socket (mode 0600) whose clients may send management messages")
+    p.add_argument("--admin-token-file", metavar="FILE",
+                   help="file (mode 0600) holding a token that allows management over TCP")
     p.add_argument("--refresh", type=float, metavar="S",
                    help="seconds live cluster state is reused (5)")
-    p.add_argument("--cluster-registry-url", metavar="URL", help="HTTP cluster registry")
-    p.add_argument("--metrics-url", metavar="URL", help="HTTP cluster metrics service")
+    p.add_argument("--cluster-registry-url", metavar="URL",
+                   help="HTTP cluster registry (default: $CLUSTER_SERVICE_URL)")
+    p.add_argument("--metrics-url", metavar="URL",
+                   help="HTTP cluster metrics service (default: $GLOBAL_CLUSTER_METRICS_URL)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=run_serve)
 
@@ -75,7 +88,8 @@ def _positive(text: str) -> float:
 def build_config(args: argparse.Namespace) -> Any:
     """The effective AllocatorConfig: file, then options; AllocatorConfigError if unusable."""
     from pbs_power.allocator.config import (AllocatorConfig, AllocatorConfigError,
-                                            ClusterSource, load_allocator_config)
+                                            ClusterSource, from_environment,
+                                            load_allocator_config)
     config = load_allocator_config(args.config) if args.config else AllocatorConfig()
     clusters = None
     if args.state_dir or args.hook_config:
@@ -89,11 +103,17 @@ def build_config(args: argparse.Namespace) -> Any:
         raise AllocatorConfigError("--max-workers must be from 1 to 256")
     if args.refresh is not None and args.refresh < 0:
         raise AllocatorConfigError("--refresh must be >= 0")
-    return config.with_overrides(
+    if args.max_connections is not None and args.max_connections < 1:
+        raise AllocatorConfigError("--max-connections must be at least 1")
+    paths = {k: os.path.abspath(v) for k, v in (("admin_socket", args.admin_socket),
+                                                 ("admin_token_file", args.admin_token_file))
+             if v}
+    return from_environment(config.with_overrides(
         clusters=clusters, policy_dir=args.policy_dir, default_policy=args.default_policy,
         eval_timeout_seconds=args.eval_timeout, max_workers=args.max_workers,
         refresh_seconds=args.refresh, cluster_registry_url=args.cluster_registry_url,
-        metrics_url=args.metrics_url)
+        metrics_url=args.metrics_url, lease_seconds=args.lease_seconds,
+        max_connections=args.max_connections, idle_timeout_seconds=args.idle_timeout, **paths))
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -108,9 +128,13 @@ def run_serve(args: argparse.Namespace) -> int:
         print("pbs-power allocator serve: error: %s" % exc, file=sys.stderr)
         return EXIT_INVALID
     if args.host not in LOOPBACK:
-        print("pbs-power allocator serve: warning: listening on %s: requests are not "
-              "authenticated; firewall the port" % args.host, file=sys.stderr)
-    server = AllocatorServer(service, args.host, args.port)
+        print("pbs-power allocator serve: warning: listening on %s: allocation requests are "
+              "not authenticated; firewall the port" % args.host, file=sys.stderr)
+    try:
+        server = AllocatorServer(service, args.host, args.port)
+    except AllocatorConfigError as exc:
+        print("pbs-power allocator serve: error: %s" % exc, file=sys.stderr)
+        return EXIT_INVALID
 
     def announce(port: int) -> None:
         print("pbs-power allocator: listening on ws://%s:%d (clusters: %s; policies: %s)"

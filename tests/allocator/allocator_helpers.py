@@ -66,15 +66,6 @@ def put_to_sleep(hook_dir: str, hosts: Sequence[str]) -> None:
     assert all(r.ok for r in results.values()), results
 
 
-def write_telemetry(path: str, draws: Mapping[str, Sequence[float]], age: float = 0.0) -> str:
-    """GPU draw per node, as a collector writes the telemetry file."""
-    now = time.time() - age
-    with open(path, "w") as f:
-        json.dump({"nodes": {n: {"time": now, "gpus": {str(i): w for i, w in enumerate(ws)}}
-                             for n, ws in draws.items()}}, f)
-    return path
-
-
 def write_policy(policy_dir: str, name: str, code: str, defaults: Optional[dict] = None) -> str:
     os.makedirs(policy_dir, exist_ok=True)
     path = os.path.join(policy_dir, name + ".py")
@@ -96,6 +87,16 @@ def config(clusters: Sequence[ClusterSource], **kw: Any) -> AllocatorConfig:
 def running(cfg: AllocatorConfig, eval_timeout: float = 60.0) -> Iterator[str]:
     """A server on a free local port; yields its ws:// URL."""
     server = AllocatorServer(AllocatorService(cfg), "127.0.0.1", 0, eval_timeout=eval_timeout)
+    yield from _serving(server)
+
+
+@contextlib.contextmanager
+def serving(server: AllocatorServer) -> Iterator[str]:
+    """``server`` on its own loop in a thread; yields its ws:// URL."""
+    yield from _serving(server)
+
+
+def _serving(server: AllocatorServer) -> Iterator[str]:
     thread = ServerThread(server)
     port = thread.start()
     try:
@@ -124,8 +125,11 @@ def request(**fields: Any) -> Dict[str, Any]:
 
 
 @contextlib.contextmanager
-def http_service(routes: Dict[Tuple[str, str], Tuple[int, Any]]) -> Iterator[Tuple[str, list]]:
+def http_service(routes: Dict[Tuple[str, str], Tuple[int, Any]],
+                 delay: float = 0.0) -> Iterator[Tuple[str, list]]:
     """A JSON HTTP service on 127.0.0.1 answering ``(method, path) -> (status, body)``.
+
+    Each answer comes after ``delay`` seconds.
 
     Yields (base URL, log of (method, path, body) received).
     """
@@ -137,6 +141,7 @@ def http_service(routes: Dict[Tuple[str, str], Tuple[int, Any]]) -> Iterator[Tup
             body = json.loads(self.rfile.read(length)) if length else None
             path = self.path.split("?")[0]
             seen.append((method, self.path, body))
+            time.sleep(delay)
             status, doc = routes.get((method, path), (404, {"error": "not found"}))
             data = json.dumps(doc).encode()
             self.send_response(status)

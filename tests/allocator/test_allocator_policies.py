@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from allocator_helpers import make_cluster, write_policy, write_telemetry
+from allocator_helpers import make_cluster, write_policy
 from pbs_power.allocator.config import ClusterSource, parse_allocator_config, AllocatorConfigError
 from pbs_power.allocator.filters import FilterError, matches
 from pbs_power.allocator.gather import LocalCluster
@@ -29,11 +29,12 @@ def run(policy, clusters, inputs, **parameters):
                                     {})["allocations"]
 
 
-def test_live_state_comes_from_the_hook_store_groups_devices_and_telemetry(tmp_path):
+def test_live_state_comes_from_the_hook_store_groups_and_devices(tmp_path):
     state = make_cluster(str(tmp_path))
     now = time.time()
     with Store.open(state) as store:
         store.set_down_since("a1", now - 900)
+        store.record_duration("a1", TransitionKind.POWER_ON, now - 5000, 120.0)
         store.put_transition(Transition("a2", TransitionKind.POWER_ON, Phase.POWERING_UP,
                                         now - 5, now - 5))
         store.mark_failed("a3", "did not boot", now)
@@ -41,20 +42,24 @@ def test_live_state_comes_from_the_hook_store_groups_devices_and_telemetry(tmp_p
     assert svc.create("rg_9", 9, "High").status.ok and svc.add_resources("rg_9", ["b2"]).status.ok
     assert svc.activate("rg_9").status.ok
     svc.close()
-    telemetry = write_telemetry(str(tmp_path / "t.json"), {"b1": [1, 2, 3, 4]})
-    write_telemetry(str(tmp_path / "old.json"), {"b3": [9, 9, 9, 9]}, age=3600)
-    metrics = view(state, gpu_telemetry_file=telemetry)["box-cluster"]["cluster_metrics"]
+    metrics = view(state)["box-cluster"]["cluster_metrics"]
     nodes = metrics["nodes"]
+    # no hook config: no backend to ask, so no state is guessed
     assert {n: nodes[n]["power_state"] for n in nodes} == {
-        "a1": "down", "a2": "waking", "a3": "failed", "b1": "on", "b2": "on", "b3": "on"}
+        "a1": "down", "a2": "waking", "a3": "failed", "b1": "unknown", "b2": "unknown",
+        "b3": "unknown"}
+    assert metrics["power_state_source"] == "no hook config: power states unknown"
+    assert "no hook config: power states unknown" in metrics["notes"]
+    # a1's boot time as the store learned it; a2 waking: the default 900 s boot, 5 s gone
+    assert nodes["a1"]["ready_seconds"] == 120.0
+    assert 890 <= nodes["a2"]["ready_seconds"] <= 895.5
+    assert nodes["b1"]["ready_seconds"] is None
     assert nodes["b2"]["resource_group"] == "rg_9" and nodes["b2"]["allocated_watts"] == 1000
     assert nodes["b1"]["policy"] == "Low" and nodes["b1"]["allocated_watts"] == 500
-    assert nodes["b1"]["gpus"]["2"] == {"cap_watts": 150.0, "power_watts": 3.0}
+    assert nodes["b1"]["gpus"]["2"] == {"cap_watts": 150.0}
     assert metrics["domains"]["rack-b"] == {"budget_watts": 10000, "allocated_watts": 2000,
-                                            "headroom_watts": 8000}
-    stale = view(state, gpu_telemetry_file=str(tmp_path / "old.json"))["box-cluster"]
-    assert stale["cluster_metrics"]["nodes"]["b3"]["gpus"]["0"]["power_watts"] is None
-    assert any("older than" in n for n in stale["cluster_metrics"]["notes"])
+                                            "headroom_watts": 8000,
+                                            "headroom_source": "allocated caps"}
 
 
 def test_power_aware_skips_failed_and_busy_nodes_and_ranks_waking_before_down(tmp_path):
@@ -72,8 +77,9 @@ def test_power_aware_skips_failed_and_busy_nodes_and_ranks_waking_before_down(tm
     allocs = run(PowerAwarePolicy, clusters, {"requests": [{}, {}, {}]})
     assert [a.get("node_id") for a in allocs] == ["a3", "a1", None]
     assert "3 failed" in allocs[2]["error"] and "1 in a resource group" in allocs[2]["error"]
-    busy = run(PowerAwarePolicy, clusters, {}, allow_busy_nodes=True)
-    assert busy[0]["node_id"] == "a2"
+    # a2's state is unknown (no hook config): it comes after waking a3 and down a1
+    busy = run(PowerAwarePolicy, clusters, {"requests": [{}, {}, {}]}, allow_busy_nodes=True)
+    assert [a["node_id"] for a in busy] == ["a3", "a1", "a2"]
     awake_only = run(PowerAwarePolicy, clusters, {"gpus": 1}, allow_asleep_nodes=False)
     assert "not awake (allow_asleep_nodes is false)" in awake_only[0]["error"]
     assert run(FirstFitPolicy, clusters, {"gpus": 5})[0]["error"].startswith(
@@ -108,18 +114,44 @@ def test_power_aware_counts_each_placement_against_the_budget():
     assert "3 in a cluster without power policy Turbo" in unknown[0]["error"]
 
 
-def test_power_aware_prefers_known_low_gpu_draw_and_awake_over_headroom():
-    clusters = cluster({"x": (9000, 0), "y": (1000, 0)},
-                       hot=node("y", gpus=[300, 280]), cool=node("y", gpus=[20, 400]),
-                       blind=node("y"), asleep=node("x", "asleep", [1, 1]))
-    allocs = run(PowerAwarePolicy, clusters, {"requests": [{"gpus": 1}] * 4})
-    assert [(a["node_id"], a["gpus"]) for a in allocs] == [
-        ("cool", ["0"]), ("hot", ["1"]), ("blind", ["0"]), ("asleep", ["0"])]
-    assert allocs[3]["reason"].startswith("asleep: asleep (0 of 1 candidates awake)")
-    half = cluster({"x": (9000, 0)}, n=node("x", gpus=[20, 400]))
-    half["c"]["data"]["nodes"]["n"]["gpu_count"] = 4       # GPUs 2 and 3: draw unknown
-    assert [run(PowerAwarePolicy, half, {"gpus": g})[0]["gpus"] for g in (1, 3, 4)] == [
-        ["0"], ["0", "1", "2"], ["0", "1", "2", "3"]]
+def test_power_aware_ranks_by_the_cost_of_using_the_node_now():
+    def at(domain, state, ready):
+        info, live = node(domain, state)
+        live["ready_seconds"] = ready
+        return info, live
+    # y has far more headroom, yet a node there that must boot (300 s) comes after one that
+    # wakes (30 s), which comes after one waking, which comes after one awake
+    clusters = cluster({"x": (2000, 1500), "y": (90000, 0), "top": (None, 0)},
+                       off=at("y", "off", 300.0), slow=at("y", "asleep", 45.0),
+                       asleep=at("x", "asleep", 30.0), waking=at("y", "waking", 50.0),
+                       awake=at("x", "on", 0.0), lost=at("y", "unknown", None))
+    allocs = run(PowerAwarePolicy, clusters, {"requests": [{}] * 6})
+    assert [a["node_id"] for a in allocs] == ["awake", "waking", "asleep", "slow", "off", "lost"]
+    assert [a["ready_seconds"] for a in allocs] == [0.0, 50.0, 30.0, 45.0, 300.0, None]
+    assert allocs[2]["reason"].startswith("asleep: asleep, ready in about 30 s")
+    assert "sooner ready than 1 other asleep node(s)" in allocs[2]["reason"]
+    assert allocs[0]["headroom_source"] == "allocated caps"
+    assert allocs[4]["reason"].startswith("off: off, ready in about 300 s")
+    # a domain's drawn watts (from the metrics service) and leases count against its budget
+    drawn = cluster({"x": (2000, 0), "y": (2000, 0)}, n1=node("x"), n2=node("y"))
+    drawn["c"]["cluster_metrics"]["domains"]["x"]["drawn_watts"] = 1900
+    drawn["c"]["cluster_metrics"]["domains"]["y"]["leased_watts"] = 1000
+    [a] = run(PowerAwarePolicy, drawn, {"power_policy": "High"})
+    assert (a["node_id"], a["headroom_watts"]) == ("n2", 500)
+    assert a["headroom_source"] == "allocated caps + leases"
+    drawn["c"]["cluster_metrics"]["domains"]["y"]["leased_watts"] = 1950
+    [c] = run(PowerAwarePolicy, drawn, {"power_policy": "High"})
+    assert (c["node_id"], c["headroom_watts"]) == ("n1", -400)
+    assert c["headroom_source"] == "drawn watts (metrics service)"
+
+
+def test_leased_nodes_are_not_offered_again():
+    clusters = cluster({"x": (9000, 0)}, n1=node("x"), n2=node("x"))
+    clusters["c"]["cluster_metrics"]["nodes"]["n1"]["lease"] = {"gpus": [], "exclusive": True}
+    for policy in (PowerAwarePolicy, FirstFitPolicy):
+        allocs = run(policy, clusters, {"requests": [{}, {}]})
+        assert allocs[0]["node_id"] == "n2"
+        assert "1 leased to a job not started yet" in allocs[1]["error"]
 
 
 @pytest.mark.parametrize("uri,ok", [
@@ -208,8 +240,7 @@ def test_config_file_problems_name_the_key(tmp_path):
 def test_shipped_policies_keep_their_promise_not_to_change_input_data(tmp_path, policy):
     import copy
     assert policy.READS_INPUT_ONLY
-    clusters = view(make_cluster(str(tmp_path)),
-                    gpu_telemetry_file=write_telemetry(str(tmp_path / "t.json"), {"b1": [5, 1]}))
+    clusters = view(make_cluster(str(tmp_path)))
     before = copy.deepcopy(clusters)
     allocs = run(policy, clusters, {"requests": [{"gpus": 2, "power_policy": "High"}] * 7})
     assert clusters == before and len(allocs) == 7 and "error" in allocs[6]

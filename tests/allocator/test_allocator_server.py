@@ -8,7 +8,7 @@ import pytest
 import websockets
 
 from allocator_helpers import (SEED_PAYLOAD, ask, config, hook_config, make_cluster,
-                               put_to_sleep, request, running, write_policy, write_telemetry)
+                               put_to_sleep, request, running, write_policy)
 from pbs_power.allocator.config import ClusterSource
 
 RAISES = """
@@ -69,18 +69,16 @@ class UsesClients:
 
 @pytest.fixture
 def cluster(tmp_path):
-    """box-cluster with a1 and b1 asleep (simulated power backend) and GPU telemetry."""
+    """box-cluster with a1 and b1 asleep (simulated power backend)."""
     state = make_cluster(str(tmp_path / "state"))
     hook_dir = str(tmp_path / "hook")
     put_to_sleep(hook_dir, ["a1", "b1"])
-    telemetry = write_telemetry(str(tmp_path / "gpu.json"), {
-        "b2": [250, 40, 260, 30], "b3": [200, 210, 220, 230], "a2": [10, 10, 10, 10]})
     policies = str(tmp_path / "policies")
     for name, code in (("broken", RAISES), ("malformed", MALFORMED), ("waits", WAITS),
                        ("counts", COUNTS), ("clients", CLIENTS)):
         write_policy(policies, name, code)
     source = ClusterSource(state, hook_config=hook_config(str(tmp_path / "hook.json"), hook_dir),
-                           labels={"room": "b12"}, gpu_telemetry_file=telemetry)
+                           labels={"room": "b12"})
     return config([source], policy_dir=policies)
 
 
@@ -108,9 +106,10 @@ def test_several_allocation_requests_get_distinct_nodes_in_order(url):
     assert [a["request_id"] for a in allocs] == ["job-0", "job-1", "job-2", "job-3"]
     assert len({a["node_id"] for a in allocs}) == 4
     assert [len(a["gpus"]) for a in allocs] == [2, 4, 1, 0]
-    # the four awake nodes go first, b2 (coolest GPUs in the roomiest rack) before all
-    assert {a["node_id"] for a in allocs} == {"a2", "a3", "b2", "b3"}
-    assert allocs[0]["node_id"] == "b2" and allocs[0]["gpus"] == ["3", "1"]
+    # the four awake nodes go first, those of the roomiest rack before the others
+    assert [a["node_id"] for a in allocs] == ["b2", "b3", "a2", "a3"]
+    assert allocs[0]["gpus"] == ["0", "1"] and allocs[1]["gpus"] == ["0", "1", "2", "3"]
+    assert all(a["lease_id"] and a["lease_expires_in_s"] == 120 for a in allocs)
 
 
 def test_power_aware_chooses_differently_from_first_fit(url):
@@ -120,10 +119,11 @@ def test_power_aware_chooses_differently_from_first_fit(url):
     [a], [f] = aware["allocations"], first["allocations"]
     # first-fit: a1, although it is asleep and rack-a has no room for High
     assert (f["node_id"], f["gpus"]) == ("a1", ["0", "1"])
-    # power-aware: awake, rack-b keeps 10000 - 1500 - 500 W, and b2's GPUs 3 and 1 draw least
-    assert (a["node_id"], a["gpus"]) == ("b2", ["3", "1"])
+    # power-aware: awake, and rack-b keeps 10000 - 1500 - 500 W
+    assert (a["node_id"], a["gpus"], a["power_state"]) == ("b2", ["0", "1"], "on")
     assert a["headroom_watts"] == 8000 and a["power_policy"] == "High"
-    assert "rack-b keeps 8000 W" in a["reason"] and "GPUs 3, 1 drew 30, 40 W" in a["reason"]
+    assert "rack-b keeps 8000 W under its budget at High (from allocated caps)" in a["reason"]
+    assert a["headroom_source"] == "allocated caps"
 
 
 BAD = [
@@ -147,6 +147,17 @@ BAD = [
     (json.dumps(dict(SEED_PAYLOAD, search={"text": "big gpus"})), "not_supported"),
     (json.dumps(dict(SEED_PAYLOAD, filter={"labels.room": {"$near": 1}})), "invalid_request"),
     (json.dumps(dict(SEED_PAYLOAD, filter={"labels.room": "attic"})), "unknown_cluster"),
+    (json.dumps(dict(SEED_PAYLOAD, filter={"labels.room": "b12"}, search={"q": "x"})),
+     "not_supported"),
+    ("[" * 100000 + "]" * 100000, "invalid_request"),
+    (json.dumps(dict(SEED_PAYLOAD, inputs={"deep": json.loads("[" * 70 + "]" * 70)})),
+     "invalid_request"),
+    (json.dumps(dict(SEED_PAYLOAD, filter={"$not": json.loads("{\"$not\": " * 100 + "{}"
+                                                              + "}" * 100)})),
+     "invalid_request"),
+    (json.dumps({"op": "management", "policy_rule_uri": "counts", "action": "x", "data": {}}),
+     "forbidden"),
+    (json.dumps({"op": "reboot"}), "invalid_request"),
 ]
 MALFORMED_RESULTS = [
     [1, 2],
@@ -180,27 +191,44 @@ def test_every_bad_payload_gets_an_error_and_the_connection_stays_up(url):
     by_code = {a["error"]["code"]: a["error"] for a in answers if not a["ok"]}
     assert "division by budget" in by_code["policy_error"]["message"]
     assert "unknown field(s) 'priority'" in answers[16]["error"]["message"]
+    assert "beside a filter" in answers[40]["error"]["message"]
+    assert "nested too deeply" in answers[42]["error"]["message"]
     assert ask(url, SEED_PAYLOAD)[0]["ok"]     # and the server takes new connections
 
 
 def test_concurrent_clients_all_get_their_own_answers(url):
+    # 5 clients, each releasing its lease before asking again: never more than 5 of the
+    # 6 nodes held, so every request is placed, and no node is held twice at once
+    held = {}
+    clashes = []
+
     async def client(n):
         async with websockets.connect(url, open_timeout=30) as ws:
             out = []
-            for i in range(5):
+            for i in range(8):
                 rid = "c%d-%d" % (n, i)
                 await ws.send(json.dumps(request(inputs={"gpus": 1 + (n + i) % 4},
                                                  request_id=rid)))
-                out.append((rid, json.loads(await asyncio.wait_for(ws.recv(), 60))))
+                answer = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                out.append((rid, answer))
+                alloc = answer["allocations"][0]
+                if held.get(alloc.get("node_id")) is not None:
+                    clashes.append((rid, alloc["node_id"], held[alloc["node_id"]]))
+                held[alloc.get("node_id")] = rid
+                await asyncio.sleep(0.01)
+                held[alloc.get("node_id")] = None
+                await ws.send(json.dumps({"op": "release", "lease_ids": [alloc["lease_id"]]}))
+                released = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                assert released == {"ok": True, "released": [alloc["lease_id"]], "unknown": []}
             return out
 
     async def main():
-        return await asyncio.gather(*(client(n) for n in range(8)))
+        return await asyncio.gather(*(client(n) for n in range(5)))
 
     results = [pair for batch in asyncio.run(main()) for pair in batch]
-    assert len(results) == 40
+    assert len(results) == 40 and not clashes
     for rid, answer in results:
-        assert answer["ok"] and answer["request_id"] == rid
+        assert answer["ok"] and answer["request_id"] == rid, answer
         assert len(answer["allocations"][0]["gpus"]) >= 1
 
 
@@ -248,6 +276,7 @@ def test_context_persists_across_runs_of_a_rule(url):
 def test_policies_get_the_cluster_and_metrics_clients_in_settings(url):
     [answer] = ask(url, request(policy_rule_uri="clients", settings={"site": "kth"}))
     [alloc] = answer["allocations"]
+    assert alloc.pop("lease_id") and alloc.pop("lease_expires_in_s") == 120
     assert alloc == {"cluster_id": "box-cluster", "node_id": "a1", "gpus": ["3"],
                      "found": ["box-cluster"], "site": "kth", "ok": True}
 

@@ -1,10 +1,13 @@
 """Where the allocator's data comes from: HTTP registry and metrics services, and the CLI."""
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
+import websockets
 
 from allocator_helpers import (SEED_PAYLOAD, ask, config, http_service, make_cluster, request,
                                running)
@@ -23,8 +26,8 @@ REMOTE_METRICS = {
               "r2": {"power_state": "on", "allocated_watts": 1000,
                      "gpus": {"0": {"power_watts": 90}, "1": {"power_watts": 20}}}},
     "domains": {"room": {"allocated_watts": 2000}}}
-LOCAL_DRAW = {"nodes": {"b3": {"gpus": {"0": {"power_watts": 55}, "1": {"power_watts": 5},
-                                        "2": {"power_watts": 50}, "3": {"power_watts": 60}}}}}
+# what the racks draw, as the metrics service reports it: rack-b is nearly full
+LOCAL_DRAW = {"domains": {"rack-a": {"drawn_watts": 1000}, "rack-b": {"drawn_watts": 9900}}}
 
 
 @pytest.fixture
@@ -48,12 +51,17 @@ def test_registry_and_metrics_services_supply_remote_clusters(state):
                 request(clusters=["box-cluster"], inputs={"gpus": 2}),
                 request(clusters=["remote-2"]))
     [alloc] = remote["allocations"]
-    assert (alloc["cluster_id"], alloc["node_id"], alloc["gpus"]) == ("remote-1", "r2", ["1"])
-    assert alloc["headroom_watts"] == 5000 - 2000 - 1000
+    assert (alloc["cluster_id"], alloc["node_id"], alloc["gpus"]) == ("remote-1", "r2", ["0"])
+    assert alloc["headroom_watts"] == 5000 - 2000 - 1000 and alloc["lease_id"]
     assert filtered["clusters"] == ["box-cluster", "remote-1"]
     assert ("POST", "/clusters/query", {"query": {"labels.room": "b12"}}) in reg_seen
-    # the metrics service's GPU draw for b3 (known) beats b2's (unknown)
-    assert (local["allocations"][0]["node_id"], local["allocations"][0]["gpus"]) == ("b3", ["1", "2"])
+    # r2 is leased; asleep r1 beats the local nodes, whose state is unknown (no hook config)
+    assert filtered["allocations"][0]["node_id"] == "r1"
+    # the metrics service's drawn watts: rack-a has 1000 W left, rack-b 100 W
+    [near] = local["allocations"]
+    assert (near["node_id"], near["gpus"], near["headroom_watts"]) == ("a1", ["0", "1"], 1000)
+    assert near["headroom_source"] == "drawn watts (metrics service)"
+    assert "no hook config: power states unknown" in " ".join(local["notes"])
     assert missing["error"]["code"] == "unknown_cluster" and "HTTP error" in missing["error"]["message"]
 
 
@@ -65,6 +73,34 @@ def test_a_failing_metrics_service_leaves_a_note_not_an_error(state):
     assert answer["ok"] and answer["allocations"][0]["cluster_id"] == "box-cluster"
     assert any("metrics service" in n and "500" in n for n in answer["notes"]), answer
     assert seen and seen[0][:2] == ("GET", "/cluster/box-cluster")
+
+
+def test_a_slow_metrics_service_delays_no_request(state):
+    routes = {("GET", "/cluster/box-cluster"): (200, {"success": True, "data": LOCAL_DRAW})}
+    with http_service(routes, delay=3.0) as (met_url, seen):
+        with running(config([ClusterSource(state)], metrics_url=met_url)) as url:
+            async def main():
+                out = []
+                async with websockets.connect(url) as ws:
+                    for pause in (0, 0, 0, 3.5):
+                        await asyncio.sleep(pause)
+                        started = time.monotonic()
+                        await ws.send(json.dumps(request(inputs={"gpus": 1})))
+                        answer = json.loads(await ws.recv())
+                        out.append((answer, time.monotonic() - started))
+                return out
+            answers = asyncio.run(main())
+    for answer, seconds in answers[:3]:
+        assert seconds < 2.0 and answer["ok"], (seconds, answer)
+        assert any("no answer within 0.5 s yet" in n for n in answer["notes"]), answer
+        assert answer["allocations"][0]["headroom_source"] == "allocated caps"
+    last, seconds = answers[3]
+    # the first fetch has answered meanwhile: its drawn watts are used, though a newer
+    # fetch is still running
+    assert seconds < 2.0 and last["allocations"][0]["headroom_source"] == \
+        "drawn watts (metrics service)"
+    assert any("metrics service slow" in n for n in last["notes"]), last
+    assert len(seen) == 2
 
 
 def test_unreachable_registry_is_reported_per_request(state):

@@ -6,8 +6,10 @@ for one node. An ASK is ``{"id": "job-1", "gpus": 2, "power_policy":
 job's ``power_policy`` (default: the ``power_policy`` parameter, else the
 node's topology policy). Every ask gets a node of its own. Nodes come from
 the clusters' ``data.nodes`` in order; failed nodes, nodes in a resource
-group (running a job, unless ``allow_busy_nodes``) and nodes already given to
-an earlier ask of the same request are never chosen.
+group (running a job, unless ``allow_busy_nodes``), nodes leased to an
+earlier answer whose job has not started (``cluster_metrics.nodes[N].lease``)
+and nodes already given to an earlier ask of the same request are never
+chosen.
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 from ..policy_base import InputError
 
 MAX_ASKS = 1024
+#: Next-best nodes an allocation names, for the server to use when a request
+#: running at the same time leased the first (see `pbs_power.allocator.leases`).
+ALTERNATIVES = 16
 ASK_KEYS = ("id", "gpus", "power_policy")
 
 
@@ -124,6 +129,8 @@ class Pool:
             return "fewer than %d GPUs" % ask.gpus
         if node.power_state == "failed":
             return "failed"
+        if node.live.get("lease"):
+            return "leased to a job not started yet"
         if node.live.get("resource_group") and not self.allow_busy:
             return "in a resource group"
         return ""

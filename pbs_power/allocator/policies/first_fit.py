@@ -5,10 +5,11 @@ node's lowest-numbered GPUs.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Dict, List
 
 from ..policy_base import PolicyRule
-from .common import Pool, gpu_ids, no_node, parse_asks, with_id
+from .common import ALTERNATIVES, Pool, gpu_ids, no_node, parse_asks, with_id
 
 
 class FirstFitPolicy(PolicyRule):
@@ -25,15 +26,24 @@ class FirstFitPolicy(PolicyRule):
         out: List[Dict[str, Any]] = []
         for ask in asks:
             why: Dict[str, int] = {}
-            node = next(pool.free(ask, why), None)
+            free = pool.free(ask, why)
+            node = next(free, None)
             if node is None:
                 out.append(no_node(ask, why, pool))
                 continue
             pool.take(node)
-            out.append(with_id(ask, {
+            choice = with_id(ask, {
                 "cluster_id": node.cluster_id, "node_id": node.name,
                 "gpus": gpu_ids(node)[:ask.gpus],
                 "reason": "%s: first free node in topology order with %d GPU(s)"
-                          % (node.name, ask.gpus)}))
+                          % (node.name, ask.gpus)})
+            others = [with_id(ask, {"cluster_id": n.cluster_id, "node_id": n.name,
+                                    "gpus": gpu_ids(n)[:ask.gpus],
+                                    "reason": "%s: next free node after %s" % (n.name,
+                                                                               node.name)})
+                      for n in itertools.islice(free, ALTERNATIVES)]
+            if others:
+                choice["alternatives"] = others
+            out.append(choice)
         context["runs"] = context.get("runs", 0) + 1
         return {"allocations": out}

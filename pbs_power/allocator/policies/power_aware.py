@@ -1,31 +1,38 @@
-"""``power-aware``: awake nodes first, then budget headroom, then the coolest GPUs.
+"""``power-aware``: the node that can run the job soonest, then the most budget headroom.
 
 For each ask, among the free nodes (see `common`), in this order:
 
-1. nodes already awake (``on``), then waking ones, then the rest (asleep,
-   off, going down, unknown): no boot to wait for, no power step to pay;
-2. the most headroom under the power budget for the job's power policy: the
-   least, over the domains above the node, of budget minus allocated watts
-   minus what the node needs beyond its current allocation at that policy
-   (no budgeted domain above it: unlimited; negative: the activation would
-   fall back to a lower policy);
-3. the lowest recent draw of the GPUs it would get (each node's coolest
-   GPUs are chosen; unknown draw counts after any known one);
-4. cluster and topology order.
+1. the power state, by what using the node now costs: awake (``on``), then
+   waking, then asleep, then off or down, then going down, then unknown;
+2. within a state, the fewest seconds until the node could run work
+   (``ready_seconds``: the wake or boot time the hook's store learned for
+   that host, else the fleet's, else the hook config's default);
+3. the most headroom under the power budget for the job's power policy: the
+   least, over the domains above the node, of budget minus what the domain
+   uses (drawn watts when the metrics service reports them, else allocated
+   caps; plus leased watts) minus what the node needs beyond its current
+   allocation (no budgeted domain above it: unlimited; negative: the
+   activation would fall back to a lower policy);
+4. cluster and topology order. The node's first GPUs are taken.
 
 Each choice is counted in the domains above it before the next ask, and the
-answer says why (``reason``).
+answer says which node and why (``reason``), with the headroom's source.
+The next best nodes follow as ``alternatives``: the server hands one out
+instead when a request running at the same time leased the first.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ..policy_base import PolicyRule
-from .common import Ask, Node, Pool, no_node, parse_asks, with_id
+from .common import ALTERNATIVES, Ask, Node, Pool, gpu_ids, no_node, parse_asks, with_id
 
-STATE_RANK = {"on": 0, "waking": 1}
+#: Power states in the order of what using the node now costs; others rank last.
+STATE_RANK = {"on": 0, "waking": 1, "asleep": 2, "off": 3, "down": 3, "going_down": 4}
+UNRANKED = 5
+STATE_WORDS = {0: "awake", 1: "waking", 2: "asleep", 3: "off", 4: "going down", 5: "unknown"}
 
 
 @dataclass
@@ -34,39 +41,50 @@ class Score:
 
     node: Node
     rank: int
+    ready: Optional[float]
     policy: Optional[str]
     delta: float
     headroom: Optional[float]
     tightest: Optional[str]
-    gpus: List[str] = field(default_factory=list)
-    draws: List[Optional[float]] = field(default_factory=list)
-
-    @property
-    def prefix(self) -> Tuple[int, float]:
-        """The first two criteria: power state, then headroom (most first)."""
-        return (self.rank, -(math.inf if self.headroom is None else self.headroom))
+    source: str
 
     @property
     def key(self) -> Tuple[Any, ...]:
-        known = [d for d in self.draws if d is not None]
-        return self.prefix + (len(self.draws) - len(known), sum(known), self.node.order)
+        return (self.rank, math.inf if self.ready is None else self.ready,
+                -(math.inf if self.headroom is None else self.headroom), self.node.order)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
 
 
 class Budgets:
-    """Budget and allocated watts per (cluster, domain), updated as asks are placed."""
+    """Budget and used watts per (cluster, domain), updated as asks are placed."""
 
     def __init__(self, clusters: Mapping[str, Mapping[str, Any]]):
         self.budget: Dict[Tuple[str, str], float] = {}
         self.used: Dict[Tuple[str, str], float] = {}
+        self.source: Dict[Tuple[str, str], str] = {}
         for cid, cluster in clusters.items():
             domains = (cluster.get("data") or {}).get("power_domains") or {}
             live = (cluster.get("cluster_metrics") or {}).get("domains") or {}
             for name, dom in domains.items():
                 budget = dom.get("budget_watts") if isinstance(dom, Mapping) else None
-                if isinstance(budget, (int, float)) and not isinstance(budget, bool):
-                    self.budget[(cid, name)] = float(budget)
-                    used = (live.get(name) or {}).get("allocated_watts", 0.0)
-                    self.used[(cid, name)] = float(used or 0.0)
+                if _number(budget):
+                    key = (cid, name)
+                    self.budget[key] = float(budget)
+                    state = live.get(name) or {}
+                    drawn, leased = state.get("drawn_watts"), state.get("leased_watts")
+                    if _number(drawn):
+                        used, source = float(drawn), "drawn watts (metrics service)"
+                    else:
+                        used, source = float(state.get("allocated_watts") or 0.0), \
+                            "allocated caps"
+                    if _number(leased) and leased:
+                        used += float(leased)
+                        source += " + leases"
+                    self.used[key], self.source[key] = used, source
 
     def headroom(self, node: Node, delta: float) -> Tuple[Optional[float], Optional[str]]:
         """(least watts left over the node's budgeted domains after ``delta``, that domain)."""
@@ -87,7 +105,7 @@ class Budgets:
 
 
 class PowerAwarePolicy(PolicyRule):
-    """Awake first, then power-budget headroom, then the GPUs drawing least."""
+    """Soonest ready (awake, waking, asleep, off), then power-budget headroom."""
 
     DEFAULT_PARAMETERS = {"power_policy": None, "allow_busy_nodes": False,
                           "allow_asleep_nodes": True}
@@ -108,29 +126,24 @@ class PowerAwarePolicy(PolicyRule):
             if not scored:
                 out.append(no_node(ask, why, pool))
                 continue
-            best = self._best(scored, ask.gpus)
+            ranked = sorted(scored, key=lambda s: s.key)
+            best = ranked[0]
             pool.take(best.node)
             budgets.commit(best)
-            out.append(with_id(ask, {
-                "cluster_id": best.node.cluster_id, "node_id": best.node.name,
-                "gpus": best.gpus, "power_state": best.node.power_state,
-                "power_policy": best.policy, "headroom_watts": best.headroom,
-                "reason": explain(best, scored)}))
+            choice = _answer(ask, best, explain(best, scored))
+            others = [_answer(ask, s, "next best after %s: %s, ready in about %s s"
+                              % (best.node.name, s.node.power_state,
+                                 "?" if s.ready is None else "%.0f" % s.ready))
+                      for s in ranked[1:ALTERNATIVES + 1]]
+            if others:
+                choice["alternatives"] = others
+            out.append(choice)
         context["runs"] = context.get("runs", 0) + 1
         return {"allocations": out}
 
-    @staticmethod
-    def _best(scored: List[Score], gpus: int) -> Score:
-        """The best score; GPU draw is looked at only among those tied on state and headroom."""
-        first = min(s.prefix for s in scored)
-        finalists = [s for s in scored if s.prefix == first]
-        for s in finalists:
-            s.gpus, s.draws = _coolest(s.node, gpus)
-        return min(finalists, key=lambda s: s.key)
-
     def _score(self, node: Node, ask: Ask, clusters: Mapping[str, Any], budgets: Budgets,
                params: Mapping[str, Any], why: Dict[str, int]) -> Optional[Score]:
-        rank = STATE_RANK.get(node.power_state, 2)
+        rank = STATE_RANK.get(node.power_state, UNRANKED)
         if rank and not params["allow_asleep_nodes"]:
             return _skip(why, "not awake (allow_asleep_nodes is false)")
         data = clusters[node.cluster_id].get("data") or {}
@@ -139,8 +152,21 @@ class PowerAwarePolicy(PolicyRule):
             return _skip(why, "in a cluster without power policy %s" % policy)
         delta = _delta(node, data, policy)
         headroom, tightest = budgets.headroom(node, delta)
-        return Score(node, rank, policy or node.info.get("topology_policy"), delta, headroom,
-                     tightest)
+        ready = node.live.get("ready_seconds")
+        source = budgets.source.get((node.cluster_id, tightest), "no budget") if tightest \
+            else "no budget"
+        return Score(node, rank, float(ready) if _number(ready) else None,
+                     policy or node.info.get("topology_policy"), delta, headroom, tightest,
+                     source)
+
+
+def _answer(ask: Ask, score: Score, reason: str) -> Dict[str, Any]:
+    """The allocation of ``ask`` to the node of ``score``."""
+    return with_id(ask, {
+        "cluster_id": score.node.cluster_id, "node_id": score.node.name,
+        "gpus": gpu_ids(score.node)[:ask.gpus], "power_state": score.node.power_state,
+        "ready_seconds": score.ready, "power_policy": score.policy,
+        "headroom_watts": score.headroom, "headroom_source": score.source, "reason": reason})
 
 
 def _skip(why: Dict[str, int], reason: str) -> None:
@@ -159,47 +185,33 @@ def _delta(node: Node, data: Mapping[str, Any], policy: Optional[str]) -> float:
     return float(need) - float(current)
 
 
-def _coolest(node: Node, count: int) -> Tuple[List[str], List[Optional[float]]]:
-    """The ``count`` GPUs with the lowest recent draw (unknown last), and their draws."""
-    if count == 0:
-        return [], []
-    live = node.live.get("gpus") or {}
-    known, unknown = [], []
-    for i in range(node.gpu_count):
-        value = (live.get(str(i)) or {}).get("power_watts")
-        if type(value) in (int, float) and math.isfinite(value):
-            known.append((float(value), i))
-        else:
-            unknown.append(i)
-    known.sort()
-    chosen = known[:count] + [(None, i) for i in unknown[:max(0, count - len(known))]]
-    return [str(i) for _w, i in chosen], [w for w, _i in chosen]
-
-
 def explain(best: Score, scored: List[Score]) -> str:
-    """One line: why this node, in the order the criteria were applied."""
-    awake = sum(1 for s in scored if s.rank == 0)
-    state = "awake" if best.rank == 0 else best.node.power_state
-    parts = ["%s: %s (%d of %d candidates awake)" % (best.node.name, state, awake, len(scored))]
-    peers = sum(1 for s in scored if s.rank == best.rank)
+    """One line: which node and why, in the order the criteria were applied."""
+    counts: Dict[int, int] = {}
+    for s in scored:
+        counts[s.rank] = counts.get(s.rank, 0) + 1
+    state = STATE_WORDS[best.rank] if best.rank != UNRANKED else best.node.power_state
+    ready = "" if best.rank == 0 else (
+        ", ready in about %.0f s" % best.ready if best.ready is not None else
+        ", time to ready unknown")
+    tally = ", ".join("%d %s" % (counts[r], STATE_WORDS[r]) for r in sorted(counts))
+    parts = ["%s: %s%s (candidates: %s)" % (best.node.name, state, ready, tally)]
+    peers = [s for s in scored if s.rank == best.rank]
+    sooner = [s for s in peers if s.ready is not None and best.ready is not None and
+              s.ready > best.ready]
+    if sooner:
+        parts.append("sooner ready than %d other %s node(s)" % (len(sooner), state))
     at = " at %s" % best.policy if best.policy else ""
     if best.headroom is None:
         parts.append("no power budget above it")
     else:
-        most = "most headroom among %d %s candidate(s)" % (
-            peers, "awake" if best.rank == 0 else "not-awake")
+        tied = sum(1 for s in peers if s.ready == best.ready)
+        most = "most headroom among %d %s candidate(s) as soon ready" % (tied, state)
         if best.headroom >= 0:
-            parts.append("%s: %s keeps %.0f W under its budget%s" % (most, best.tightest,
-                                                                    best.headroom, at))
+            parts.append("%s: %s keeps %.0f W under its budget%s (from %s)"
+                         % (most, best.tightest, best.headroom, at, best.source))
         else:
-            parts.append("%s, yet %s would be %.0f W over its budget%s (activation falls back "
-                         "to a lower policy)" % (most, best.tightest, -best.headroom, at))
-    if best.gpus:
-        known = [d for d in best.draws if d is not None]
-        if len(known) == len(best.draws):
-            parts.append("GPUs %s drew %s W, the node's lowest" % (
-                ", ".join(best.gpus), ", ".join("%.0f" % d for d in known)))
-        else:
-            parts.append("GPUs %s (recent draw unknown for %d)"
-                         % (", ".join(best.gpus), len(best.draws) - len(known)))
+            parts.append("%s, yet %s would be %.0f W over its budget%s (from %s; activation "
+                         "falls back to a lower policy)" % (most, best.tightest, -best.headroom,
+                                                            at, best.source))
     return "; ".join(parts)
