@@ -75,6 +75,9 @@ def run_requests(store: GroupStore, controller, op: OperationRow, requests: Sequ
                 store.set_operation(op.id, n_success=ok, n_failed=bad)
     with store.transaction():
         store.set_operation(op.id, n_success=ok, n_failed=bad)
+    if bad:
+        from .records import count_device_errors
+        count_device_errors(store, requests, outcomes)
     return outcomes
 
 

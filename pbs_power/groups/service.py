@@ -21,6 +21,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 from .execute import (HostOutcome, process_alive, required_successes, run_requests,
                       settle_members, spawn_worker)
 from .planning import Planner, PlanError
+from .records import count_activation
 from .queries import QueryMixin
 from .topology_rpc import TopologyMixin
 from .types import (AsyncStrategy, PartialActivation, Response, Status, fail, failures,
@@ -344,6 +345,9 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
                 if op.type == "activate":
                     self.store.set_group(group_name, status="active", owner_pid=None,
                                          activated=self.clock())
+            if op.type == "activate":
+                count_activation(self.store, None if op.created is None
+                                 else self.clock() - op.created, ok >= need)
         if op.type == "activate" and ok < need:
             self._restore_hosts(group_name, [e for e in planned if outcomes.get(e, None)
                                              and outcomes[e].ok])

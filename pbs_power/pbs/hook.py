@@ -184,18 +184,19 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
     event = pbs.event()
     now = time.time()
     live = None  # job ids for the leaked-group cleanup; None = unknown, no cleanup
+    query_failed = False
     try:
         doc = query_jobs_json(pbs.get_pbs_conf()["PBS_EXEC"])
         jobs, live = queued_jobs_from(doc), live_job_ids_from(doc)
     except (QueryError, KeyError) as exc:
         log("error", "queued jobs unknown (%s); no host is taken down this cycle" % exc)
-        jobs = ()
+        jobs, query_failed = (), True
         config = replace(config, power_on_off_enable=False, power_ramp_rate_enable=False)
     snapshot = Snapshot(vnodes_from(pbs, event.vnode_list), queued_jobs=jobs,
                         reservations=reservations_from(event.resv_list))
     with Store.open(config.state_dir) as store, \
             get_backend(config.power_backend, config.state_dir) as backend:
-        report = Cycle(config, store, backend, log).run(snapshot, now)
+        report = Cycle(config, store, backend, log).run(snapshot, now, query_failed)
     apply_marks(pbs, event.vnode_list, report.marks, log)
     if live is not None:
         from .jobs import cleanup_after_qstat

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import HookConfig
+from . import journal
 from .model import (Phase, Plan, PowerState, RampStep, Snapshot, Transition,
                     TransitionKind)
 from .planner import FLEET, RAMP_WINDOW, needed_back, plan
@@ -62,13 +63,24 @@ class Cycle:
         self.log = log
         self._boot_cache: Optional[Dict[str, Dict[str, float]]] = None
 
-    def run(self, snapshot: Snapshot, now: float) -> CycleReport:
-        """Run one pass over ``snapshot`` at ``now``; see the module docstring."""
+    def run(self, snapshot: Snapshot, now: float, query_failed: bool = False) -> CycleReport:
+        """Run one pass over ``snapshot`` at ``now``; see the module docstring.
+
+        ``query_failed``: the adapter could not read queued jobs, so this pass
+        only moves transitions along; the journal records that outcome.
+        """
+        clock = time.monotonic()
         with self.store.cycle_lock() as acquired:
             if not acquired:
                 self.log("warning", "previous cycle still running; this run does nothing")
+                journal.record_cycle(self.store, journal.CycleRecord(
+                    now, time.monotonic() - clock, "skipped"))
                 return CycleReport(ran=False)
-            return self._run_locked(snapshot, now)
+            report = self._run_locked(snapshot, now)
+            journal.record_pass(self.store, snapshot.vnodes, report.plan.deferred, now,
+                                time.monotonic() - clock,
+                                "query_failed" if query_failed else "ran")
+            return report
 
     def _run_locked(self, snapshot: Snapshot, now: float) -> CycleReport:
         report = CycleReport()
@@ -104,10 +116,10 @@ class Cycle:
         for o in rec.remark_sleep:
             report.marks.append(Mark(o.transition.host, sleep=True))
         for o in rec.cancelled:
-            self._finish(o, report, "info", "%s: %s; handed back")
+            self._finish(o, report, now, "info", "%s: %s; handed back")
             report.marks.append(Mark(o.transition.host, sleep=False))
         for o in rec.vanished:
-            self._finish(o, report, "warning", "%s: forgetting transition: %s")
+            self._finish(o, report, now, "warning", "%s: forgetting transition: %s")
         for o in rec.came_up:
             self.store.put_transition(o.transition.advanced(Phase.BOOTING, now))
             report.marks.append(Mark(o.transition.host, sleep=False))
@@ -135,13 +147,17 @@ class Cycle:
             need = needed.get(o.transition.host)
             if need is not None:
                 self.store.drop_transition(o.transition.host)
+                journal.ended(self.store, o.transition, "drain cancelled: %s needs it"
+                              % need.what, now)
                 report.marks.append(Mark(o.transition.host, sleep=False))
                 self.log("info", "%s: drain cancelled: %s needs it at %s; handed back"
                          % (o.transition.host, need.what, _clock(need.at)))
         return [o for o in ready if o.transition.host not in needed]
 
-    def _finish(self, o: Outcome, report: CycleReport, level: str, fmt: str) -> None:
+    def _finish(self, o: Outcome, report: CycleReport, now: float, level: str,
+                fmt: str) -> None:
         self.store.drop_transition(o.transition.host)
+        journal.ended(self.store, o.transition, o.reason, now)
         self.log(level, fmt % (o.transition.host, o.reason))
 
     def _complete(self, o: Outcome, now: float, report: CycleReport) -> None:
@@ -150,6 +166,9 @@ class Cycle:
         self.store.record_duration(t.host, t.kind, t.started, o.seconds)
         self._boot_cache = None
         self.store.set_down_since(t.host, now if t.kind.is_down else None)
+        journal.completed(self.store, t, o.seconds, now,
+                          journal.saved_watts(self.config.power_of(t.host), t.kind)
+                          if t.kind.is_down else 0.0)
         report.completed.append(o)
         self.log("info", "%s: %s done in %ds (%s)" % (t.host, t.kind.value,
                                                       o.seconds, o.reason))
@@ -158,6 +177,7 @@ class Cycle:
         t = o.transition
         self.store.drop_transition(t.host)
         self.store.mark_failed(t.host, o.reason, now)
+        journal.failed(self.store, t, o.reason, now)
         comment = "%s%s failed: %s; offline until an admin clears it" % (
             COMMENT_PREFIX, t.kind.value, o.reason)
         report.marks.append(Mark(t.host, sleep=False, offline=True, comment=comment))
@@ -181,6 +201,7 @@ class Cycle:
                     continue
                 diag = result.diag if result is not None else "no answer from backend"
                 self.store.drop_transition(t.host)
+                journal.ended(self.store, t, "backend refused: %s" % diag, now)
                 report.marks.append(Mark(t.host, sleep=False))
                 self.log("error", "%s: %s failed at the backend: %s; host handed back"
                          % (t.host, kind.value, diag))
@@ -206,6 +227,7 @@ class Cycle:
             if a.kind.is_down:
                 t = Transition(a.host, a.kind, Phase.DRAINING, now, now, a.reason)
                 self.store.put_transition(t)
+                journal.started(self.store, t)
                 report.marks.append(Mark(a.host, sleep=True))
                 report.started.append(t)
                 self.log("info", "%s: draining for %s: %s" % (a.host, a.kind.value, a.reason))
@@ -224,6 +246,7 @@ class Cycle:
                 # A refused command still counts as in flight, so boot_timeout
                 # ends it (host offline) instead of retrying it every cycle.
                 self.store.put_transition(t)
+                journal.started(self.store, t, a.need_by)
                 report.started.append(t)
                 if ok:
                     self._record_step(a.host, kind, now)
