@@ -23,6 +23,7 @@ SUBCOMMANDS: List[str] = [
     "pbs_power.cli.node",
     "pbs_power.cli.allocator",
     "pbs_power.cli.slurm",
+    "pbs_power.cli.observe",
 ]
 
 DESCRIPTION = (

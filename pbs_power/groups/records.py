@@ -8,7 +8,8 @@ inside the service's own transactions.
 from __future__ import annotations
 
 import json
-from typing import Dict, Mapping, Optional, Sequence
+import sqlite3
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from pbs_power.states import tally
 
@@ -22,6 +23,11 @@ ERROR_REASONS = (
     ("invalid", ("invalid", "out of range", "not supported", "unsupported", "bad request")),
 )
 UNKNOWN_BACKEND = "unknown"
+#: Group events kept (activations and deactivations), for ``pbs-power history``.
+GROUP_EVENTS_KEPT = 5000
+_EVENTS_SQL = ("CREATE TABLE IF NOT EXISTS group_events (id INTEGER PRIMARY KEY AUTOINCREMENT,"
+               " time REAL NOT NULL, group_name TEXT NOT NULL, event TEXT NOT NULL,"
+               " policy TEXT, entities TEXT NOT NULL)")
 
 
 def error_reason(text: str) -> str:
@@ -46,13 +52,17 @@ def backend_of(model_json: Optional[str], default: str = "simulated") -> str:
 def _conn(store):
     conn = store.connection
     if not store.__dict__.get("_tally_ready"):
-        tally.ensure(conn)
+        with store.transaction():
+            tally.ensure(conn)
+            conn.execute(_EVENTS_SQL)
         store.__dict__["_tally_ready"] = True
     return conn
 
 
 def count_device_errors(store, requests: Sequence, outcomes: Mapping[str, object]) -> None:
     """Count each failed outcome by its request's backend and the error's reason."""
+    if all(getattr(o, "ok", True) for o in outcomes.values()):
+        return
     models = {r.device: r.device_model_json for r in requests}
     conn = _conn(store)
     with store.transaction():
@@ -72,6 +82,31 @@ def count_activation(store, seconds: Optional[float], ok: bool) -> None:
         if ok and seconds is not None:
             tally.observe(conn, "group_activation_seconds", {}, max(0.0, seconds),
                           ACTIVATION_BUCKETS)
+
+
+def group_event(store, when: float, group: str, event: str, policy: Optional[str],
+                entities: Sequence[str]) -> None:
+    """Remember that ``group`` (with ``entities``) was activated, deactivated, ..."""
+    conn = _conn(store)
+    with store.transaction():
+        conn.execute("INSERT INTO group_events (time, group_name, event, policy, entities)"
+                     " VALUES (?, ?, ?, ?, ?)",
+                     (float(when), group, event, policy, "," + ",".join(entities) + ","))
+        conn.execute("DELETE FROM group_events WHERE id <= (SELECT MAX(id) FROM group_events)"
+                     " - ?", (GROUP_EVENTS_KEPT,))
+
+
+def entity_group_events(conn, entity: str, since: float = float("-inf")
+                        ) -> List[Tuple[float, str, str, Optional[str]]]:
+    """(time, group, event, policy) of the groups ``entity`` was in, oldest first."""
+    try:
+        return conn.execute("SELECT time, group_name, event, policy FROM group_events WHERE"
+                            " instr(entities, ',' || ? || ',') > 0 AND time >= ? ORDER BY id",
+                            (entity, since)).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise
 
 
 def tallies(store) -> Dict[str, Dict[tally.Labels, float]]:

@@ -21,7 +21,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 from .execute import (HostOutcome, process_alive, required_successes, run_requests,
                       settle_members, spawn_worker)
 from .planning import Planner, PlanError
-from .records import count_activation
+from .records import count_activation, count_device_errors, group_event
 from .queries import QueryMixin
 from .topology_rpc import TopologyMixin
 from .types import (AsyncStrategy, PartialActivation, Response, Status, fail, failures,
@@ -348,6 +348,10 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
             if op.type == "activate":
                 count_activation(self.store, None if op.created is None
                                  else self.clock() - op.created, ok >= need)
+                row = self.store.group(group_name)
+                group_event(self.store, self.clock(), group_name,
+                            "activated" if ok >= need else "activation failed",
+                            row.policy if row else None, [m.entity for m in members])
         if op.type == "activate" and ok < need:
             self._restore_hosts(group_name, [e for e in planned if outcomes.get(e, None)
                                              and outcomes[e].ok])
@@ -365,6 +369,8 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
         with self.store.transaction():
             self.store.put_members([MemberRow(m.entity, m.group_name, m.policy) for m in members])
             self.store.set_group(group_name, status="inactive", owner_pid=None)
+            group_event(self.store, self.clock(), group_name, "deactivated", None,
+                        [m.entity for m in members])
         failed = failures(outcomes)
         return Response(Status(not failed, "resource group %s deactivated%s" % (
             group_name, "; devices failed: " + failed if failed else "")), outcomes)
@@ -378,7 +384,9 @@ class ResourceGroupService(TopologyMixin, QueryMixin):
             "gpu_policies": {"gpu_policy_action": "reset", "gpu_policies": [],
                              "current_policy": policy_dict(topo.topology_policy(e))}})
             for e in entities if e in topo.entities]
-        return outcomes_of(self.controller.send(requests)) if requests else {}
+        outcomes = outcomes_of(self.controller.send(requests)) if requests else {}
+        count_device_errors(self.store, requests, outcomes)
+        return outcomes
 
     def _request(self, topo, entity: str, kind: str, payload: Mapping[str, Any],
                  timeout: Optional[float] = None):

@@ -12,6 +12,7 @@ written, and every write joins the caller's transaction.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -88,7 +89,12 @@ class CycleRecord:
 
 
 def conn_of(store):
-    """The store's connection, with this module's tables created (once per store)."""
+    """The store's connection, with this module's tables created (once per store).
+
+    A bare connection (the exporter's read-only one) is used as it is.
+    """
+    if isinstance(store, sqlite3.Connection):
+        return store
     conn = store.connection
     if not store.__dict__.get("_journal_ready"):
         with store.transaction():
@@ -256,51 +262,56 @@ def record_cycle(store, record: CycleRecord) -> None:
             tally.observe(conn, "cycle_seconds", {}, record.seconds, CYCLE_BUCKETS)
 
 
-# -- reading ------------------------------------------------------------------------
+# -- reading: from a Store or a (read-only) connection ------------------------------
+def _select(source, sql: str, params=()) -> List[tuple]:
+    """Rows of ``sql``; none when the journal was never written (no such table)."""
+    try:
+        return conn_of(source).execute(sql, params).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return []
+        raise
+
+
 def events(store, host: str, since: Optional[float] = None) -> List[PowerEvent]:
     """``host``'s power events, oldest first (from ``since`` when given)."""
-    conn = conn_of(store)
-    rows = conn.execute("SELECT time, host, kind, event, seconds, reason FROM power_events "
-                        "WHERE host = ? AND time >= ? ORDER BY id",
-                        (host, float(since) if since is not None else float("-inf")))
-    return [PowerEvent(*row) for row in rows.fetchall()]
+    rows = _select(store, "SELECT time, host, kind, event, seconds, reason FROM power_events"
+                   " WHERE host = ? AND time >= ? ORDER BY id",
+                   (host, float(since) if since is not None else float("-inf")))
+    return [PowerEvent(*row) for row in rows]
 
 
 def last_cycles(store, limit: int = 1) -> List[CycleRecord]:
     """The newest ``limit`` cycle records, newest first."""
-    conn = conn_of(store)
-    rows = conn.execute("SELECT started, seconds, outcome, states, eligible, held FROM cycles"
-                        " ORDER BY id DESC LIMIT ?", (int(limit),)).fetchall()
+    rows = _select(store, "SELECT started, seconds, outcome, states, eligible, held FROM cycles"
+                   " ORDER BY id DESC LIMIT ?", (int(limit),))
     return [CycleRecord(s, d, o, json.loads(st), e, json.loads(h))
             for s, d, o, st, e, h in rows]
 
 
 def saving_now(store) -> Dict[str, Tuple[str, float, float]]:
     """Hosts saving power now: ``{host: (kind, since, watts)}``."""
-    conn = conn_of(store)
     return {h: (k, s, w) for h, k, s, w in
-            conn.execute("SELECT host, kind, since, watts FROM saving_now").fetchall()}
+            _select(store, "SELECT host, kind, since, watts FROM saving_now")}
 
 
 def energy_saved(store, since: float, now: Optional[float] = None) -> float:
     """Joules saved from ``since`` to ``now``: kept intervals and open ones, clipped."""
-    conn = conn_of(store)
     now = time.time() if now is None else now
-    closed = conn.execute("SELECT COALESCE(SUM((MIN(end, ?) - MAX(start, ?)) * watts), 0) "
-                          "FROM savings WHERE end > ? AND start < ?",
-                          (now, since, since, now)).fetchone()[0]
-    open_ = conn.execute("SELECT COALESCE(SUM((? - MAX(since, ?)) * watts), 0) "
-                         "FROM saving_now WHERE since < ?", (now, since, now)).fetchone()[0]
-    return float(closed) + float(open_)
+    closed = _select(store, "SELECT COALESCE(SUM((MIN(end, ?) - MAX(start, ?)) * watts), 0)"
+                     " FROM savings WHERE end > ? AND start < ?", (now, since, since, now))
+    open_ = _select(store, "SELECT COALESCE(SUM((? - MAX(since, ?)) * watts), 0) "
+                    "FROM saving_now WHERE since < ?", (now, since, now))
+    return (float(closed[0][0]) if closed else 0.0) + (float(open_[0][0]) if open_ else 0.0)
 
 
 def open_saving(store, now: float) -> Tuple[float, float]:
     """(joules saved so far by hosts still down, watts they save now)."""
-    conn = conn_of(store)
-    joules, watts = conn.execute("SELECT COALESCE(SUM((? - since) * watts), 0), "
-                                 "COALESCE(SUM(watts), 0) FROM saving_now WHERE since < ?",
-                                 (now, now)).fetchone()
-    return float(max(0.0, joules)), float(watts)
+    rows = _select(store, "SELECT COALESCE(SUM((? - since) * watts), 0), "
+                   "COALESCE(SUM(watts), 0) FROM saving_now WHERE since < ?", (now, now))
+    if not rows:
+        return 0.0, 0.0
+    return float(max(0.0, rows[0][0])), float(rows[0][1])
 
 
 def tallies(store) -> Dict[str, Dict[tally.Labels, float]]:
