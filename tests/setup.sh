@@ -21,8 +21,7 @@ for p in slurmctld slurmd slurm-client munge; do
 done
 # Observability tests: a real Prometheus scrapes the exporter; promtool checks
 # the dashboard's queries. The tests start their own prometheus on a free port.
-command -v prometheus >/dev/null || need_apt+=(prometheus)
-command -v promtool >/dev/null || need_apt+=(prometheus)
+{ command -v prometheus && command -v promtool; } >/dev/null || need_apt+=(prometheus)
 if [ "${#need_apt[@]}" -gt 0 ]; then
     apt-get update -q
     # keep package scripts from starting system-wide daemons (munged, slurmctld,
