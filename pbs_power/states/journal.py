@@ -151,10 +151,16 @@ def census(hosts: Mapping[str, bool], transitions, failed_hosts, saving: Mapping
 def record_pass(store, vnodes, deferred, now: float, seconds: float, outcome: str) -> None:
     """Record a cycle that ran over ``vnodes``, with the plan's ``deferred`` hosts."""
     hosts: Dict[str, bool] = {}
+    awake = set()
     for v in vnodes:
         hosts[v.host] = hosts.get(v.host, False) or v.poweroff_eligible
+        if not v.asleep:
+            awake.add(v.host)
+    # Shown asleep with no record of ours (Slurm powered it down itself): off.
+    down = dict.fromkeys(set(hosts) - awake, 0.0)
+    down.update(store.down_since())
     states, eligible = census(hosts, store.transitions(), store.failed(), saving_now(store),
-                              store.down_since())
+                              down)
     held: Dict[str, int] = {}
     for d in deferred:
         reason = hold_reason(d.reason)
