@@ -27,7 +27,7 @@ GROUP_STATUSES = ("inactive", "activating", "active", "deactivating")
 
 #: name (without prefix or _total) -> (type, help); the exported set.
 METRICS: Dict[str, Tuple[str, str]] = {
-    "nodes": ("gauge", "Hosts by power state at the last cycle"),
+    "nodes": ("gauge", "Hosts by power state at the last cycle that ran"),
     "nodes_eligible": ("gauge", "Hosts by whether they may be powered down, at the last cycle"),
     "transitions_started": ("counter", "Power transitions started, by kind"),
     "transitions_completed": ("counter", "Power transitions completed, by kind"),
@@ -39,7 +39,7 @@ METRICS: Dict[str, Tuple[str, str]] = {
     "cycles": ("counter", "Periodic cycles by outcome (ran, skipped, query_failed)"),
     "cycle_duration_seconds": ("histogram", "Duration of the periodic cycles that ran"),
     "last_cycle_timestamp_seconds": ("gauge", "When the last recorded cycle started (epoch)"),
-    "hosts_held_back": ("gauge", "Transitions the last cycle wanted but held back, by reason"),
+    "hosts_held_back": ("gauge", "Transitions the last cycle that ran wanted but held back, by reason"),
     "energy_saved_joules": ("counter", "Estimated energy saved by hosts asleep or off "
                                        "(idle watts minus low watts, times the time down)"),
     "power_saved_watts": ("gauge", "Estimated watts saved now by hosts asleep or off"),
@@ -93,7 +93,7 @@ def _family(name: str, labels: Sequence[str] = ()) -> Metric:
 
 
 def _node_families(seen: Observed) -> Iterator[Metric]:
-    cycle = seen.last_cycle
+    cycle = seen.census
     nodes = _family("nodes", ["state"])
     for state in journal.NODE_STATES:
         nodes.add_metric([state], float(cycle.states.get(state, 0)) if cycle else 0.0)
@@ -156,7 +156,7 @@ def _cycle_families(seen: Observed) -> Iterator[Metric]:
         last.add_metric([], seen.last_cycle.started)
         yield last
     held = _family("hosts_held_back", ["reason"])
-    counts = seen.last_cycle.held if seen.last_cycle else {}
+    counts = seen.census.held if seen.census else {}
     for reason in journal.HOLD_REASONS:
         held.add_metric([reason], float(counts.get(reason, 0)))
     yield held

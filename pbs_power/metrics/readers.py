@@ -52,6 +52,8 @@ class Observed:
     states_up: bool = False
     groups_up: bool = False
     last_cycle: Optional[CycleRecord] = None
+    #: The newest cycle that counted hosts: nodes by state, held back, eligible.
+    census: Optional[CycleRecord] = None
     in_flight: List[InFlight] = field(default_factory=list)
     failed: Dict[str, Tuple[str, float]] = field(default_factory=dict)
     tallies: Dict[str, Dict[tally.Labels, float]] = field(default_factory=dict)
@@ -106,6 +108,8 @@ class Reader:
             conn.execute("BEGIN")
             cycles = journal.last_cycles(conn, 1)
             seen.last_cycle = cycles[0] if cycles else None
+            seen.census = (seen.last_cycle if seen.last_cycle and seen.last_cycle.states
+                           else journal.last_census(conn))
             seen.in_flight = [InFlight(*row) for row in _rows(
                 conn, "SELECT host, kind, phase, started, phase_since, reason "
                       "FROM transitions ORDER BY started, host")]

@@ -70,17 +70,18 @@ def status(state_dir: str, now: Optional[float] = None) -> Dict[str, Any]:
     """Nodes by state, transitions, failures, last cycle, energy, groups and budgets."""
     seen = Reader(state_dir).read(now)
     now = seen.now
-    cycle = seen.last_cycle
+    cycle, census = seen.last_cycle, seen.census
     energy = _energy(state_dir, now)
     return {
         "time": now,
         "state_dir": os.path.abspath(state_dir),
-        "nodes": dict(cycle.states) if cycle else {},
-        "eligible": cycle.eligible if cycle else 0,
+        "nodes": dict(census.states) if census else {},
+        "nodes_at": census.started if census else None,
+        "eligible": census.eligible if census else 0,
         "last_cycle": None if cycle is None else {
             "started": cycle.started, "seconds": round(cycle.seconds, 3),
             "outcome": cycle.outcome, "age_seconds": round(now - cycle.started, 1),
-            "held_back": dict(cycle.held)},
+            "held_back": dict(census.held) if census else {}},
         "in_transition": [{"host": t.host, "kind": t.kind, "phase": t.phase,
                            "started": t.started, "phase_since": t.phase_since,
                            "reason": t.reason} for t in seen.in_flight],

@@ -223,14 +223,16 @@ class Cycle:
 
     def _start(self, the_plan: Plan, now: float, report: CycleReport) -> None:
         ups = [a for a in the_plan.actions if not a.kind.is_down]
-        for a in the_plan.actions:
-            if a.kind.is_down:
-                t = Transition(a.host, a.kind, Phase.DRAINING, now, now, a.reason)
-                self.store.put_transition(t)
-                journal.started(self.store, t)
-                report.marks.append(Mark(a.host, sleep=True))
-                report.started.append(t)
-                self.log("info", "%s: draining for %s: %s" % (a.host, a.kind.value, a.reason))
+        with self.store.transaction():      # one commit for every drain (no backend call)
+            for a in the_plan.actions:
+                if a.kind.is_down:
+                    t = Transition(a.host, a.kind, Phase.DRAINING, now, now, a.reason)
+                    self.store.put_transition(t)
+                    journal.started(self.store, t)
+                    report.marks.append(Mark(a.host, sleep=True))
+                    report.started.append(t)
+                    self.log("info", "%s: draining for %s: %s"
+                             % (a.host, a.kind.value, a.reason))
         powered = self.backend.status([a.host for a in ups], now) if ups else {}
         by_kind: Dict[TransitionKind, List] = {}
         for a in ups:

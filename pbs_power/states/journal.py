@@ -295,6 +295,14 @@ def last_cycles(store, limit: int = 1) -> List[CycleRecord]:
             for s, d, o, st, e, h in rows]
 
 
+def last_census(store) -> Optional[CycleRecord]:
+    """The newest cycle that counted hosts (a skipped or failed pass counts none)."""
+    rows = _select(store, "SELECT started, seconds, outcome, states, eligible, held FROM cycles"
+                   " WHERE states != '{}' ORDER BY id DESC LIMIT 1")
+    return CycleRecord(rows[0][0], rows[0][1], rows[0][2], json.loads(rows[0][3]), rows[0][4],
+                       json.loads(rows[0][5])) if rows else None
+
+
 def saving_now(store) -> Dict[str, Tuple[str, float, float]]:
     """Hosts saving power now: ``{host: (kind, since, watts)}``."""
     return {h: (k, s, w) for h, k, s, w in

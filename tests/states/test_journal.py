@@ -79,6 +79,16 @@ def test_cycles_are_bounded_and_counted_by_outcome(store, monkeypatch):
     assert h.count == 6.0 and h.sum == 3.0          # skipped passes are not timed
 
 
+def test_hosts_are_counted_by_the_last_cycle_that_ran(store):
+    assert journal.last_census(store) is None
+    journal.record_cycle(store, journal.CycleRecord(1.0, 0.1, "ran", {"on": 3, "off": 1}, 4))
+    journal.record_cycle(store, journal.CycleRecord(2.0, 0.0, "skipped"))
+    journal.record_cycle(store, journal.CycleRecord(3.0, 0.2, "query_failed"))
+    assert journal.last_cycles(store, 1)[0].outcome == "query_failed"
+    census = journal.last_census(store)
+    assert (census.started, census.states) == (1.0, {"on": 3, "off": 1})
+
+
 def test_energy_counts_time_down_at_the_saved_watts(store):
     journal.completed(store, down("n1"), 30.0, 100.0, watts=200.0)
     assert journal.open_saving(store, 160.0) == (12000.0, 200.0)
