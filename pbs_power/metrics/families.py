@@ -77,7 +77,7 @@ def exported_names() -> List[str]:
     for name, (kind, _help) in METRICS.items():
         full = PREFIX + name
         if kind == "counter":
-            names += [full + "_total", full + "_created"]
+            names.append(full + "_total")
         elif kind == "histogram":
             names += [full + "_bucket", full + "_sum", full + "_count"]
         else:
@@ -116,19 +116,14 @@ def _by_kind(name: str, rows, kinds: Sequence[str]) -> Metric:
 
 def _histogram(name: str, rows, stored: str, buckets: Sequence[float],
                labels: Sequence[str] = (), always: Sequence[Sequence[str]] = ((),)) -> Metric:
-    """A histogram family; label sets in ``always`` appear (as zeros) before any count."""
+    """A histogram family; the label sets in ``always`` show (as zeros) before any count."""
     family = _family(name, labels)
-    seen_sets = {}
-    for h in tally.histogram(rows, stored, buckets):
-        seen_sets[tuple(tally.label_values(h.labels, labels))] = h
-    for values in list(always) + [v for v in seen_sets if v not in
-                                  {tuple(a) for a in always}]:
-        h = seen_sets.get(tuple(values))
-        if h is None:
-            family.add_metric(list(values), [(le, 0.0) for le in
-                                             [repr(float(b)) for b in buckets] + ["+Inf"]], 0.0)
-        else:
-            family.add_metric(list(values), list(h.buckets), h.sum)
+    found = {tuple(tally.label_values(h.labels, labels)): h
+             for h in tally.histogram(rows, stored, buckets)}
+    empty = [(tally.le_text(b), 0.0) for b in list(buckets) + [tally.INF]]
+    for values in [tuple(a) for a in always] + sorted(set(found) - {tuple(a) for a in always}):
+        h = found.get(values)
+        family.add_metric(list(values), list(h.buckets) if h else empty, h.sum if h else 0.0)
     return family
 
 

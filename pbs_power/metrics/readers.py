@@ -8,6 +8,7 @@ empty, and says so in ``states_up`` / ``groups_up``.
 """
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -162,7 +163,6 @@ class Reader:
         cached_stamp, cached = self._topology
         if cached is not None and cached_stamp == stamp:
             return cached
-        import json
         from pbs_power.groups.topology import parse_topology
         doc = json.loads(_rows(conn, "SELECT doc FROM topology WHERE id = 1")[0][0])
         topo = parse_topology(doc, "stored topology", trusted=True)

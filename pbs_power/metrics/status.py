@@ -18,6 +18,9 @@ from .readers import GROUPS_DB, STATES_DB, Reader, open_ro
 
 JOULES_PER_KWH = 3.6e6
 WEEK_S = 7 * 86400.0
+#: Lines of hosts in transition, failed hosts and domains shown on the screen.
+SHOWN_HOSTS = 15
+SHOWN_DOMAINS = 12
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -136,20 +139,27 @@ def status_text(doc: Dict[str, Any]) -> str:
                                         energy["total"], doc["power_saved_watts"]))
     flying = doc["in_transition"]
     lines.append("in transition: %d" % len(flying))
-    for t in flying[:15]:
+    for t in flying[:SHOWN_HOSTS]:
         lines.append("  %-16s %-9s %-13s since %s (%s)" % (
             t["host"], t["kind"], t["phase"], _clock(t["started"]),
             _ago(now - t["started"])))
-    if len(flying) > 15:
-        lines.append("  ... %d more (--json lists all)" % (len(flying) - 15))
+    if len(flying) > SHOWN_HOSTS:
+        lines.append("  ... %d more (--json lists all)" % (len(flying) - SHOWN_HOSTS))
     lines.append("failed, need an admin: %d" % len(doc["failed"]))
-    for f in doc["failed"][:15]:
+    for f in doc["failed"][:SHOWN_HOSTS]:
         lines.append("  %-16s since %s: %s" % (f["host"], _clock(f["since"]), f["reason"]))
         lines.append("  %-16s clear once fixed: %s" % ("", f["clear"]))
+    if len(doc["failed"]) > SHOWN_HOSTS:
+        lines.append("  ... %d more (--json lists all)" % (len(doc["failed"]) - SHOWN_HOSTS))
     groups = doc["groups"]
     lines.append("resource groups: " + (", ".join(
         "%s %d" % kv for kv in sorted(groups.items())) if groups else "none"))
-    for d in doc["domains"]:
+    domains = sorted(doc["domains"], key=lambda d: (d["headroom_watts"] is None,
+                                                    d["headroom_watts"] or 0.0, d["name"]))
+    if len(domains) > SHOWN_DOMAINS:
+        lines.append("  the %d power domains with the least headroom, of %d (--json lists all):"
+                     % (SHOWN_DOMAINS, len(domains)))
+    for d in domains[:SHOWN_DOMAINS]:
         if d["budget_watts"] is None:
             lines.append("  domain %-14s %8.0f W reserved, no budget" % (
                 d["name"], d["reserved_watts"]))

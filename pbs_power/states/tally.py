@@ -25,7 +25,11 @@ Labels = Tuple[Tuple[str, str], ...]
 
 
 def encode_labels(labels: Mapping[str, str]) -> str:
-    """``{"kind": "wake"}`` -> ``"kind=wake"`` (sorted; values must not hold ``,``)."""
+    """``{"kind": "wake"}`` -> ``"kind=wake"`` (sorted; ValueError for a ``,`` or ``=``)."""
+    for key, value in labels.items():
+        if "," in key or "=" in key or "," in str(value):
+            raise ValueError("tally label %s=%r: names and values must not hold ','"
+                             " (nor names '=')" % (key, value))
     return ",".join("%s=%s" % (k, labels[k]) for k in sorted(labels))
 
 
@@ -54,13 +58,14 @@ def observe(conn: sqlite3.Connection, name: str, labels: Mapping[str, str], valu
     rows = []
     for bound in list(buckets) + [INF]:
         if value <= bound:
-            rows.append((name + BUCKET, encode_labels(dict(labels, le=_le(bound))), 1.0))
+            rows.append((name + BUCKET, encode_labels(dict(labels, le=le_text(bound))), 1.0))
     rows.append((name + SUM, encode_labels(labels), value))
     rows.append((name + COUNT, encode_labels(labels), 1.0))
     conn.executemany(_ADD_SQL, rows)
 
 
-def _le(bound: float) -> str:
+def le_text(bound: float) -> str:
+    """A bucket bound as the ``le`` label shows it: ``10.0``, ``+Inf``."""
     return "+Inf" if bound == INF else repr(float(bound))
 
 
@@ -103,7 +108,7 @@ def histogram(rows: Mapping[str, Mapping[Labels, float]], name: str,
     for labels in sorted(counts):
         with_le = []
         for bound in list(buckets) + [INF]:
-            le = _le(bound)
+            le = le_text(bound)
             key = tuple(sorted(labels + (("le", le),)))
             with_le.append((le, found.get(key, 0.0)))
         out.append(HistogramValue(labels, tuple(with_le), sums.get(labels, 0.0),

@@ -118,3 +118,24 @@ def test_since_forms():
     assert parse_since("1700000000", now) == 1_700_000_000.0
     assert parse_since("2026-11-25T08:00", now) == time.mktime(
         time.strptime("2026-11-25 08:00", "%Y-%m-%d %H:%M"))
+
+
+def test_a_big_cluster_still_fits_one_screen():
+    from pbs_power.metrics.status import SHOWN_DOMAINS, SHOWN_HOSTS, status_text
+    doc = {"time": 1e9, "state_dir": "/s", "nodes": {"on": 9000, "off": 1000}, "eligible": 10000,
+           "last_cycle": None, "energy_saved_kwh": {"today": 1, "last_7_days": 2, "total": 3},
+           "power_saved_watts": 240000.0, "groups": {"active": 1000}, "errors": [],
+           "in_transition": [{"host": "n%d" % i, "kind": "power_on", "phase": "booting",
+                              "started": 1e9 - 60, "phase_since": 1e9 - 30, "reason": ""}
+                             for i in range(40)],
+           "failed": [{"host": "f%d" % i, "reason": "r", "since": 1e9, "clear": "pbsnodes -r"}
+                      for i in range(30)],
+           "domains": [{"name": "rack-%03d" % i, "reserved_watts": 1000.0 + i,
+                        "budget_watts": 2000.0, "headroom_watts": 1000.0 - i}
+                       for i in range(150)]}
+    lines = status_text(doc).splitlines()
+    assert len(lines) < 2 * SHOWN_HOSTS + SHOWN_HOSTS + SHOWN_DOMAINS + 12
+    assert "  ... 25 more (--json lists all)" in lines
+    assert "  ... 15 more (--json lists all)" in lines
+    shown = [line.split()[1] for line in lines if line.startswith("  domain ")]
+    assert shown == ["rack-%03d" % i for i in range(149, 149 - SHOWN_DOMAINS, -1)]
