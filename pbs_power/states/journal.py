@@ -151,16 +151,26 @@ def census(hosts: Mapping[str, bool], transitions, failed_hosts, saving: Mapping
 def record_pass(store, vnodes, deferred, now: float, seconds: float, outcome: str) -> None:
     """Record a cycle that ran over ``vnodes``, with the plan's ``deferred`` hosts."""
     hosts: Dict[str, bool] = {}
-    awake = set()
+    awake, unusable = set(), set()
     for v in vnodes:
         hosts[v.host] = hosts.get(v.host, False) or v.poweroff_eligible
         if not v.asleep:
             awake.add(v.host)
+        if not v.usable:
+            unusable.add(v.host)
+    transitions, saving = store.transitions(), saving_now(store)
+    # Up and usable without a wake of ours (an admin powered it on): it saves no more.
+    back = set(saving) - unusable - {t.host for t in transitions}
+    if back:
+        conn = conn_of(store)
+        with store.transaction():
+            for host in sorted(back):
+                _close_saving(conn, host, now)
+                saving.pop(host)
     # Shown asleep with no record of ours (Slurm powered it down itself): off.
     down = dict.fromkeys(set(hosts) - awake, 0.0)
     down.update(store.down_since())
-    states, eligible = census(hosts, store.transitions(), store.failed(), saving_now(store),
-                              down)
+    states, eligible = census(hosts, transitions, store.failed(), saving, down)
     held: Dict[str, int] = {}
     for d in deferred:
         reason = hold_reason(d.reason)
@@ -203,6 +213,7 @@ def completed(store, t: Transition, seconds: float, now: float, watts: float = 0
                       {"kind": kind.value}, seconds,
                       SHUTDOWN_BUCKETS if kind.is_down else BOOT_BUCKETS)
         if kind.is_down:
+            _close_saving(conn, t.host, now)       # a counter never goes back
             conn.execute("INSERT OR REPLACE INTO saving_now VALUES (?, ?, ?, ?)",
                          (t.host, kind.value, float(now), float(watts)))
         else:

@@ -101,6 +101,19 @@ def test_energy_counts_time_down_at_the_saved_watts(store):
     assert journal.energy_saved(store, 150.0, 300.0) == 15000.0
 
 
+def test_energy_never_goes_back_and_stops_for_a_host_back_in_service(store):
+    from pbs_power.states.model import Vnode
+    journal.completed(store, down("n1"), 30.0, 100.0, watts=200.0)
+    journal.completed(store, down("n1"), 30.0, 150.0, watts=200.0)   # down again, no wake
+    assert tally.counter(journal.tallies(store), "energy_saved_joules") == {(): 10000.0}
+    assert journal.open_saving(store, 200.0) == (10000.0, 200.0)
+    # an admin powered n1 on by hand: the scheduler shows it free at the next cycle
+    journal.record_pass(store, (Vnode("n1", "n1"),), (), 250.0, 0.1, "ran")
+    assert journal.saving_now(store) == {}
+    assert tally.counter(journal.tallies(store), "energy_saved_joules") == {(): 30000.0}
+    assert journal.last_cycles(store, 1)[0].states["on"] == 1
+
+
 def test_a_wake_a_job_waited_for_is_counted_with_its_wait(store):
     journal.started(store, up("n1", 900.0), need_by=1000.0)
     journal.completed(store, up("n1", 900.0), 200.0, 1100.0)       # usable at 1100
