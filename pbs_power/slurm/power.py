@@ -105,7 +105,9 @@ def admit(run: PowerRun, hosts: Sequence[str], kinds: Mapping[str, TransitionKin
             phase = Phase.POWERING_DOWN if kind.is_down else Phase.POWERING_UP
             t = Transition(host, kind, phase, now, now, reasons[host])
             store.put_transition(t)
-            journal.started(store, t)
+            # Slurm resumes a host for a job it already placed there: the job waits
+            # from now until the host is usable.
+            journal.started(store, t, now if reasons[host].startswith("for job") else None)
             run.owned[host] = (kind, now)
             if watts:
                 steps.append(RampStep(now, host, watts))
