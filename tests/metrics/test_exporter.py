@@ -1,5 +1,6 @@
 """The exporter over HTTP: exact values on a simulated run, read-only, and its failures."""
 import os
+import sys
 import socket
 import urllib.request
 from pathlib import Path
@@ -113,3 +114,11 @@ def test_every_metric_is_documented():
         shown = PREFIX + name + ("_total" if kind == "counter" else "")
         assert "`%s`" % shown in doc, shown
     assert os.path.basename(__file__)
+
+
+def test_without_prometheus_client_the_exporter_says_what_to_install(tmp_path, monkeypatch,
+                                                                     capsys):
+    from pbs_power.cli.main import main
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)    # import fails
+    assert main(["exporter", "--state-dir", str(tmp_path), "--listen", "127.0.0.1:0"]) == 1
+    assert "pip install prometheus_client" in capsys.readouterr().err
