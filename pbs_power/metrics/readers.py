@@ -144,18 +144,16 @@ class Reader:
             conn.close()
 
     def _domains(self, conn: sqlite3.Connection) -> List[Domain]:
-        topo = self._topology_of(conn)
-        if topo is None:
+        budget = self._budget_of(conn)
+        if budget is None:
             return []
-        from pbs_power.groups.budget import usage
-        alloc = dict(_rows(conn, "SELECT m.entity, m.applied_watts FROM members m JOIN groups g"
-                                 " ON g.name = m.group_name WHERE g.status IN ('active',"
-                                 " 'activating', 'deactivating') AND m.applied_watts IS NOT NULL"))
-        used = usage(topo, alloc)
-        return [Domain(name, used.get(name, 0.0), topo.domains[name].budget_watts)
-                for name in sorted(topo.domains)]
+        alloc = _rows(conn, "SELECT m.entity, m.applied_watts FROM members m JOIN groups g"
+                            " ON g.name = m.group_name WHERE g.status IN ('active',"
+                            " 'activating', 'deactivating') AND m.applied_watts IS NOT NULL")
+        return [Domain(name, watts, limit) for name, watts, limit in budget.usage(alloc)]
 
-    def _topology_of(self, conn: sqlite3.Connection):
+    def _budget_of(self, conn: sqlite3.Connection) -> Optional["DomainBudget"]:
+        """The stored topology's budget arithmetic, rebuilt only when the topology changed."""
         rows = _rows(conn, "SELECT changed FROM topology WHERE id = 1")
         if not rows:
             return None
@@ -165,9 +163,47 @@ class Reader:
             return cached
         from pbs_power.groups.topology import parse_topology
         doc = json.loads(_rows(conn, "SELECT doc FROM topology WHERE id = 1")[0][0])
-        topo = parse_topology(doc, "stored topology", trusted=True)
-        self._topology = (stamp, topo)
-        return topo
+        budget = DomainBudget(parse_topology(doc, "stored topology", trusted=True))
+        self._topology = (stamp, budget)
+        return budget
+
+
+class DomainBudget:
+    """`pbs_power.groups.budget.usage` for one topology, its fixed part computed once.
+
+    Every entity counts its topology policy's watts in each domain above it;
+    an active group's member counts its applied watts instead. The fixed
+    part (every entity at its topology policy) and each entity's chain are
+    kept, so a scrape only walks the chains of the members of active groups.
+    """
+
+    def __init__(self, topology) -> None:
+        names = sorted(topology.domains)
+        index = {name: i for i, name in enumerate(names)}
+        self.names = names
+        self.limits = [topology.domains[n].budget_watts for n in names]
+        self.chains: Dict[str, Tuple[int, ...]] = {}
+        self.default: Dict[str, float] = {}
+        self.base = [0.0] * len(names)
+        for entity in topology.entities:
+            chain = tuple(index[d] for d in topology.domain_chain(entity))
+            watts = topology.node_watts(entity, topology.topology_policy(entity))
+            self.chains[entity], self.default[entity] = chain, watts
+            for i in chain:
+                self.base[i] += watts
+
+    def usage(self, allocations) -> List[Tuple[str, float, Optional[float]]]:
+        """(domain, watts reserved, budget) per domain, given (entity, applied watts) rows."""
+        used = list(self.base)
+        chains, default = self.chains, self.default
+        for entity, watts in allocations:
+            chain = chains.get(entity)
+            if chain is None:
+                continue                     # no longer in the topology: counts nowhere
+            delta = watts - default[entity]
+            for i in chain:
+                used[i] += delta
+        return list(zip(self.names, used, self.limits))
 
 
 def _rows(conn: sqlite3.Connection, sql: str, params=()) -> List[tuple]:

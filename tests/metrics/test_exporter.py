@@ -122,3 +122,17 @@ def test_without_prometheus_client_the_exporter_says_what_to_install(tmp_path, m
     monkeypatch.setitem(sys.modules, "prometheus_client", None)    # import fails
     assert main(["exporter", "--state-dir", str(tmp_path), "--listen", "127.0.0.1:0"]) == 1
     assert "pip install prometheus_client" in capsys.readouterr().err
+
+
+def test_domain_budget_matches_the_services_budget_arithmetic():
+    from metrics.simrun import TOPOLOGY
+    from pbs_power.groups.budget import usage
+    from pbs_power.groups.topology import parse_topology
+    from pbs_power.metrics.readers import DomainBudget
+    topo = parse_topology(TOPOLOGY)
+    alloc = {"a1": 1000.0, "a2": 700.0, "b4": 500.0, "gone": 900.0}
+    expected = usage(topo, alloc)
+    got = DomainBudget(topo).usage(alloc.items())
+    assert {name: watts for name, watts, _limit in got} == expected
+    assert {name: limit for name, _w, limit in got} == {
+        "feed": 10000.0, "rack-a": 3000.0, "rack-b": 3000.0}
