@@ -23,7 +23,7 @@ done
 # the dashboard's queries. The tests start their own prometheus on a free port.
 { command -v prometheus && command -v promtool; } >/dev/null || need_apt+=(prometheus)
 if [ "${#need_apt[@]}" -gt 0 ]; then
-    apt-get update -q
+    apt-get -o DPkg::Lock::Timeout=600 update -q
     # keep package scripts from starting system-wide daemons (munged, slurmctld,
     # slurmd, prometheus)
     made_policy=0
@@ -32,9 +32,12 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
         chmod 755 /usr/sbin/policy-rc.d
         made_policy=1
     fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}"
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -q "${need_apt[@]}"
     if [ "$made_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
+
+# Slurm 24.11 in a Debian 13 chroot: the real-Slurm tests run on it as well.
+bash tests/slurm_chroot.sh
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q -e '.[test]'

@@ -31,8 +31,10 @@ def add_parser(subparsers: Any) -> None:
         "show", help="print the effective configuration (file over defaults) as JSON",
         description="Print the effective configuration as JSON: every key, defaults "
                     "filled, hostlists normalized.")
-    source = show.add_mutually_exclusive_group(required=True)
-    source.add_argument("file", metavar="FILE", nargs="?", help="hook config JSON file")
+    source = show.add_mutually_exclusive_group()
+    source.add_argument("file", metavar="FILE", nargs="?",
+                        help="hook config JSON file (default: $PBS_POWER_CONFIG, else "
+                             "/etc/pbs_power.json, as the Slurm programs find it)")
     source.add_argument("--defaults", action="store_true",
                         help="show the defaults instead of a file's configuration")
     show.set_defaults(func=run_show)
@@ -58,9 +60,10 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    """``config show FILE`` / ``config show --defaults``."""
+    """``config show [FILE]`` / ``config show --defaults``."""
+    from pbs_power.slurm.env import config_path
     try:
-        config = HookConfig() if args.defaults else _load(args.file)
+        config = HookConfig() if args.defaults else _load(args.file or config_path())
     except ConfigError as err:
         print(err, file=sys.stderr)
         return EXIT_INVALID

@@ -95,12 +95,28 @@ def int_list(text: str) -> List[int]:
 
 
 def prop(text: str) -> Tuple[str, Any]:
-    """``K=V``: V as JSON when it parses (5, true, "x"), else the plain string."""
+    """``K=V``: V as JSON when it parses (5, true, "x"), else the plain string.
+
+    JSON's own rules hold: NaN and Infinity (which Python's reader accepts) are refused,
+    since ``list --json`` must print JSON; so is a value nested too deeply to read.
+    """
     key, value = key_value(text, "K=V (e.g. priority=5)")
+    constants: List[str] = []
+
+    def note(word: str) -> float:
+        constants.append(word)
+        return 0.0
     try:
-        return key, json.loads(value)
+        parsed = json.loads(value, parse_constant=note)
+    except RecursionError:
+        raise argparse.ArgumentTypeError("--property %s: the value is nested too deeply"
+                                         % key) from None
     except ValueError:
         return key, value
+    if constants:
+        raise argparse.ArgumentTypeError("--property %s: %s is not a JSON number"
+                                         % (key, constants[0]))
+    return key, parsed
 
 
 def entity_policy(text: str) -> Tuple[List[str], str]:

@@ -67,7 +67,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version, usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except BrokenPipeError:
+        # the reader went away (`pbs-power topology show | head`): not an error of ours
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail too."""
+    import os
+    import sys
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
 
 
 if __name__ == "__main__":

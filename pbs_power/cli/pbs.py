@@ -84,12 +84,15 @@ class Prepared:
 
 
 def prepare_config(config: str, python_path: Optional[str],
-                   output: Optional[str]) -> Prepared:
+                   output: Optional[str], keep: bool = False) -> Prepared:
     """Validate ``config`` and make sure what is imported carries a ``python_path``.
 
     With ``python_path`` (or when the config names none) a copy is written
     with that directory (default: where this pbs_power runs from) first in
     ``python_path``; a config that already names one is imported as it is.
+    Without ``output`` the copy goes to a temporary directory removed after
+    ``--apply``; with ``keep`` (a printing run) to one per-user directory that
+    each run reuses, so the printed commands can be run and nothing piles up.
     """
     from pbs_power.config.hook_config import ConfigError, load_config
     loaded = load_config(config)
@@ -108,10 +111,14 @@ def prepare_config(config: str, python_path: Optional[str],
     with open(config, "rb") as handle:
         doc = json.loads(handle.read().decode("utf-8-sig"))
     temp_dir = None
-    if output is None:
+    if output is None and keep:
+        output = os.path.join(_own_dir(os.path.join(tempfile.gettempdir(), "pbs_power_install-%d"
+                                                    % os.geteuid())), pi.DEFAULT_CONFIG_NAME)
+    elif output is None:
         temp_dir = tempfile.mkdtemp(prefix="pbs_power_install.")
         output = os.path.join(temp_dir, pi.DEFAULT_CONFIG_NAME)
-    with open(output, "w", encoding="utf-8") as handle:
+    with open(os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600),
+              "w", encoding="utf-8") as handle:
         json.dump(pi.with_python_path(doc, directory), handle, indent=2)
         handle.write("\n")
     try:
@@ -122,6 +129,22 @@ def prepare_config(config: str, python_path: Optional[str],
         raise
     notes.append("config with python_path %s written to %s" % (directory, output))
     return Prepared(os.path.abspath(output), notes, temp_dir)
+
+
+def _own_dir(path: str) -> str:
+    """``path`` as a directory only we can use: made 0700, or refused if it is a link or
+    anyone else's (a fixed name in /tmp must not let another user plant a file for root)."""
+    import stat
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise pi.InstallError("%s is not a private directory of ours (a link, someone "
+                              "else's, or open to others): remove it, or give "
+                              "--output-config FILE" % path)
+    return path
 
 
 def _hooks_dir(given: Optional[str]) -> str:
@@ -146,7 +169,7 @@ def _plan(args: argparse.Namespace) -> tuple:
         return pi.uninstall_steps(args.remove_resources), None, notes
     hooks_dir = _hooks_dir(args.hooks_dir)
     config = args.config or os.path.join(hooks_dir, pi.DEFAULT_CONFIG_NAME)
-    prepared = prepare_config(config, args.python_path, args.output_config)
+    prepared = prepare_config(config, args.python_path, args.output_config, keep=not args.apply)
     try:
         steps = pi.install_steps(hooks_dir, prepared.path)
     except pi.InstallError:

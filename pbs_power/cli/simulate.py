@@ -16,6 +16,17 @@ MANAGER_HELP = ("always-on (the baseline: never powers down), pbs-power (this "
                 "jobs, fixed 900 s boot, max_concurrent_nodes per run)")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (0 would silently mean "the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a whole number, got %r" % text) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more, got %d" % value)
+    return value
+
+
 def add_parser(subparsers: Any) -> None:
     """Register ``simulate``."""
     p = subparsers.add_parser(
@@ -24,8 +35,9 @@ def add_parser(subparsers: Any) -> None:
                     "Parallel Workloads Archive) on a SIMULATED cluster (FCFS + EASY "
                     "backfilling on requested walltimes; per-node boot times) once per "
                     "power manager, and compare energy and job waits against always-on. "
-                    "Without --trace, a two-week window of the KTH-SP2 trace bundled with "
-                    "the package is used. A .csv or .csv.gz trace is read as a GPU-cluster "
+                    "Without --trace, a window of the KTH-SP2 trace bundled with "
+                    "the package is used (927 jobs submitted over 14 days, Nov 18 to Dec 2, 1996). A .csv or .csv.gz "
+                    "trace is read as a GPU-cluster "
                     "pod list (Alibaba cluster-trace-gpu-v2023 columns; one pod = one "
                     "whole-node job; cluster size from the node_list_all_node CSV next to "
                     "it): use --node-type gpu with it. Managers: " + MANAGER_HELP + ".")
@@ -37,15 +49,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--config", metavar="HOOKCONFIG",
                    help="hook config whose limits pbs-power, slurm and openpbs use "
                         "(default: the shipped defaults with power_on_off_enable)")
-    p.add_argument("--nodes", type=int, help="simulated nodes (default: the trace's MaxNodes, "
+    p.add_argument("--nodes", type=positive_int, help="simulated nodes (default: the trace's MaxNodes, "
                                                "or the pod list's node list)")
-    p.add_argument("--cores-per-node", type=int,
+    p.add_argument("--cores-per-node", type=positive_int,
                    help="processors per node, to turn a job's processors into nodes "
                         "(default: MaxProcs / MaxNodes, rounded up); GPUs per node for a "
                         "pod list (default: the node list's most common, else 8)")
     p.add_argument("--window", metavar="START:END",
                    help="only jobs submitted in this window of the trace, e.g. 30d:60d, 0:86400")
-    p.add_argument("--cycle", type=int,
+    p.add_argument("--cycle", type=positive_int,
                    help="seconds between periodic hook runs (default: the config's "
                         "cycle_interval); also what the planner is told")
     p.add_argument("--node-type", choices=("cpu", "gpu"), default="cpu",
@@ -95,10 +107,24 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report.as_json(result, trace=trace.name, cycle=cycle,
                                         node_type=args.node_type)))
     else:
-        print("%s: %s jobs, %d nodes, %.1f days (SIMULATED; saved and added wait are vs "
-              "always-on)" % (trace.name, format(result.jobs, ","), nodes, result.span_s / 86400))
+        submitted = max(j.submit for j in jobs) - min(j.submit for j in jobs) if jobs else 0.0
+        print("%s: %s jobs, %d nodes, %.1f days simulated (jobs submitted over %.1f days, "
+              "then until the last ends; SIMULATED: saved and added wait are vs always-on)"
+              % (trace.name, format(result.jobs, ","), nodes, result.span_s / 86400,
+                 submitted / 86400))
         print(report.table(result))
+        print(LEGEND % ("none set" if config.max_ramp_watts_per_minute is None else
+                        "%g W/min" % config.max_ramp_watts_per_minute), file=sys.stderr)
     return 0
+
+
+LEGEND = """
+added wait: how much later than under always-on a job started (mean, 95th percentile, worst).
+delayed by power: jobs that waited for a node to boot or wake. cycles/node-day: power-downs
+per node per day. peak ramp: the largest change of cluster power within one minute; min over
+ramp: minutes whose change exceeded max_ramp_watts_per_minute (%s).
+Next: --trace YOUR.swf (your own workload; --window 30d:60d for part of it), --config
+YOUR.json (your limits, as the hooks would use them), --plot out.png, --json."""
 
 
 def _workload(args: argparse.Namespace):

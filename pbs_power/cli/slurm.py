@@ -1,4 +1,4 @@
-"""``pbs-power slurm ...``: the periodic cycle over Slurm and the slurm.conf lines to install."""
+"""``pbs-power slurm ...``: the periodic cycle, a check of how Slurm is read, slurm.conf lines."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from pbs_power.slurm.env import DEFAULT_CONFIG
 
 
 def add_parser(subparsers) -> None:
-    """Register ``slurm cycle`` and ``slurm install``."""
+    """Register ``slurm cycle``, ``slurm check`` and ``slurm install``."""
     parser = subparsers.add_parser(
         "slurm", help="Slurm: periodic wake-ahead cycle, slurm.conf lines",
         description="Slurm integration: run the planner over Slurm's view, or print the "
@@ -30,6 +30,17 @@ def add_parser(subparsers) -> None:
     cycle.add_argument("--slurm-bin-dir", default=None,
                        help="directory of sinfo/squeue/scontrol (default: PATH)")
     cycle.set_defaults(func=cmd_cycle)
+
+    check = sub.add_parser(
+        "check", help="read Slurm once and say which client served what",
+        description="Read nodes, jobs, reservations and the power settings once, and print "
+                    "Slurm's version, the node source for it, and whether pyslurm or "
+                    "Slurm's commands served each. Exit status 1 when Slurm cannot be read.")
+    check.add_argument("--client", choices=("auto", "cli", "pyslurm"), default="auto",
+                       help="how to read Slurm: pyslurm where it works (auto), or its commands")
+    check.add_argument("--slurm-bin-dir", default=None,
+                       help="directory of sinfo/squeue/scontrol (default: PATH)")
+    check.set_defaults(func=cmd_check)
 
     install = sub.add_parser(
         "install", help="print the slurm.conf and plugstack.conf lines",
@@ -82,7 +93,7 @@ def cmd_cycle(args: argparse.Namespace) -> int:
         return 2
     log = _console_logger(config)
     try:
-        client = get_client(args.client, bin_dir=args.slurm_bin_dir)
+        client = get_client(args.client, log=log, bin_dir=args.slurm_bin_dir)
     except SlurmError as exc:
         log.error("slurm cycle: %s", exc)
         return 1
@@ -92,6 +103,21 @@ def cmd_cycle(args: argparse.Namespace) -> int:
             len(report.powered_up), len(report.powered_down),
             " (dry run)" if args.dry_run else ""))
     return rc
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from pbs_power.slurm.adapter import SlurmError
+    from pbs_power.slurm.commands import CliClient
+    from pbs_power.slurm.selection import check_lines, choose_client, probe_pyslurm
+    probe = None if args.client == "cli" else probe_pyslurm(CliClient().env)
+    try:
+        client = choose_client(args.client, probe=probe, bin_dir=args.slurm_bin_dir)
+        lines = check_lines(client, probe)
+    except SlurmError as exc:
+        print("slurm check: %s" % exc, file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
 
 
 def cmd_install(args: argparse.Namespace) -> int:

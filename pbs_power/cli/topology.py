@@ -131,7 +131,8 @@ def service_command(func: Callable[[Any, argparse.Namespace], int]
                     ) -> Callable[[argparse.Namespace], int]:
     """Open the service for ``func``, close it after; CliError -> message and its code."""
     def run(args: argparse.Namespace) -> int:
-        from pbs_power.states.store import StoreError
+        import sqlite3
+        from pbs_power.states.sqlite import StoreError, database_error
         service = None
         try:
             options = device_options(args.device_option)
@@ -139,9 +140,14 @@ def service_command(func: Callable[[Any, argparse.Namespace], int]
             state_dir = args.state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
             try:
                 service = ResourceGroupService(state_dir, options)
+                return func(service, args)
             except StoreError as exc:
                 raise CliError(str(exc), EXIT_FAILED) from None
-            return func(service, args)
+            except sqlite3.DatabaseError as exc:   # damage found while reading or writing
+                from pbs_power.groups.store import DB_NAME
+                path = service.store.path if service is not None else \
+                    os.path.join(state_dir, DB_NAME)
+                raise CliError(str(database_error(path, exc)), EXIT_FAILED) from None
         except CliError as exc:
             if args.json:
                 print(json.dumps({"status": {"ok": False, "diag_msg": str(exc), "code":

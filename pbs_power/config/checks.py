@@ -13,7 +13,7 @@ import os
 import pkgutil
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 SCHEMA_NAME = "hook_config.schema.json"
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "schemas", SCHEMA_NAME)
@@ -32,6 +32,7 @@ MAX_HOSTS = 100000
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 _FLOAT_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 _HOST_RE = re.compile(r"[A-Za-z0-9_.-]+")
+_NEGATIVE_RANGE = re.compile(r"[\[,]\s*-")
 _TYPE_WORDS = {
     "integer": "an integer", "number": "a number", "string": "a string",
     "boolean": "true or false", "object": "an object", "array": "a list",
@@ -50,6 +51,25 @@ class ConfigProblem:
 
     def __str__(self) -> str:
         return self.message
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used, with every problem found (not only the first)."""
+
+    def __init__(self, problems: Union[str, Sequence[ConfigProblem]],
+                 source: Optional[str] = None):
+        if isinstance(problems, str):
+            problems = [ConfigProblem("", problems)]
+        self.problems: List[ConfigProblem] = list(problems)
+        self.source = source
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        prefix = "%s: " % self.source if self.source else ""
+        return "\n".join(prefix + p.message for p in self.problems)
+
+    def __reduce__(self):
+        return (type(self), (self.problems, self.source))
 
 
 def format_path(parts: Iterable[Any]) -> str:
@@ -258,6 +278,10 @@ def _explain(err: Any, parts: Parts) -> List[ConfigProblem]:
         text = "%s must be greater than %s, got %s" % (name, want, describe(got))
     elif kind == "minimum":
         text = "%s must be %s or more, got %s" % (name, want, describe(got))
+    elif kind == "maximum":
+        why = err.schema.get("x-maximum-why")
+        text = "%s must be %s or less%s, got %s" % (name, want, " (%s)" % why if why else "",
+                                                     describe(got))
     elif kind in ("minLength", "minItems"):
         text = "%s must not be empty" % name
     elif kind == "enum" and parts[:1] == ("power_backend",) and parts[-1:] == ("type",):
@@ -332,6 +356,29 @@ def check_document(data: Any, validate: bool = True
     return doc, problems
 
 
+def file_mode_problems(path: str, name: str) -> List[str]:
+    """Why a secrets file at ``path`` is unsafe to use: not a regular file, or open to group
+    or others (what pbs_power refuses at use). A file not there, or not ours to stat, is
+    left to that check: the validator may run as another user than the hooks."""
+    import stat
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    if not stat.S_ISREG(st.st_mode):
+        return ["%s %s is not a regular file" % (name, path)]
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        return ["%s %s has mode %04o: group or others can read it, and pbs_power refuses it; "
+                "run `chmod 600 %s`" % (name, path, mode, path)]
+    return []
+
+
+def is_host_name(text: str) -> bool:
+    """A single plain host name (no range, list or group), which needs no hostlist parse."""
+    return bool(_HOST_RE.fullmatch(text)) and not text.startswith(("-", "."))
+
+
 def parse_hostlist(value: Any, parts: Parts, problems: List[ConfigProblem]) -> Optional[Any]:
     """A hostlist string (or list of them) as one ClusterShell NodeSet.
 
@@ -348,6 +395,11 @@ def parse_hostlist(value: Any, parts: Parts, problems: List[ConfigProblem]) -> O
     for where, expr in items:
         name = format_path(where)
         size = estimated_hosts(expr)
+        if _NEGATIVE_RANGE.search(expr):
+            problems.append(problem(where, "%s %r has a range that starts below 0 (a '-' right "
+                                    "after '[' or ','): write the range as in n[1-3]"
+                                    % (name, expr)))
+            continue
         if size > MAX_HOSTS:
             problems.append(problem(where, "%s names about %d hosts (more than %d): is %r a typo?"
                                     % (name, size, MAX_HOSTS, expr)))

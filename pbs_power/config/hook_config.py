@@ -5,16 +5,18 @@ A superset of OpenPBS's PBS_power.CF: every file that hook accepts loads here
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 from pbs_power.config.checks import (
-    ConfigProblem, backend_defaults, backend_type_message, check_document, describe, did_you_mean,
-    format_path, hostlist_options, load_schema, parse_hostlist, problem, sort_problems,
+    ConfigError, ConfigProblem, backend_defaults, backend_type_message, check_document, describe, did_you_mean,
+    format_path, hostlist_options, is_host_name, load_schema, parse_hostlist, problem,
+    sort_problems,
 )
 from pbs_power.config.memo import ConfigMemo
+from pbs_power.config.paths import absolute_path, state_dir_path, usable_files
+from pbs_power.config.reading import read_json
 
 MODE_POWER_ON_OFF = "power_on_off"
 MODE_RAMP_RATE = "ramp_rate"
@@ -127,30 +129,11 @@ _WATTS_ORDER = (("off_watts", "sleep_watts"), ("sleep_watts", "idle_watts"),
                 ("idle_watts", "busy_watts"))
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used, with every problem found (not only the first)."""
-
-    def __init__(self, problems: Union[str, Sequence[ConfigProblem]],
-                 source: Optional[str] = None):
-        if isinstance(problems, str):
-            problems = [ConfigProblem("", problems)]
-        self.problems: List[ConfigProblem] = list(problems)
-        self.source = source
-        super().__init__(self.__str__())
-
-    def __str__(self) -> str:
-        prefix = "%s: " % self.source if self.source else ""
-        return "\n".join(prefix + p.message for p in self.problems)
-
-    def __reduce__(self):
-        return (type(self), (self.problems, self.source))
-
-
 def load_config(path: Union[str, "os.PathLike[str]"]) -> HookConfig:
     """Read and validate a hook config JSON file; ConfigError names the file."""
     source = os.fspath(path)
     duplicates: List[str] = []
-    raw, data = _read_json(source, duplicates)
+    raw, data = read_json(source, duplicates)
     memo = ConfigMemo.for_document(data, HookConfig.state_dir)
     schema = load_schema()
     checked = memo is not None and memo.holds(raw, schema)
@@ -160,42 +143,6 @@ def load_config(path: Union[str, "os.PathLike[str]"]) -> HookConfig:
     if duplicates:
         config = replace(config, warnings=tuple(duplicates) + config.warnings)
     return config
-
-
-def _read_json(source: str, duplicates: List[str]) -> Tuple[bytes, Any]:
-    """The bytes of ``source`` and its JSON document; duplicate keys are noted
-    (PBS accepts them)."""
-    try:
-        with open(source, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise ConfigError("file not found", source) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory, not a config file", source) from None
-    except OSError as exc:
-        raise ConfigError("cannot read the file: %s" % (exc.strerror or exc), source) from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ConfigError("not UTF-8 text (bad byte at offset %d)" % exc.start, source) from None
-    if not text.strip():
-        raise ConfigError("the file is empty: write a JSON object, e.g. {}", source)
-
-    def pairs(items: List[Tuple[str, Any]]) -> Dict[str, Any]:
-        seen: Dict[str, Any] = {}
-        for key, value in items:
-            if key in seen:
-                duplicates.append("duplicate key %r: JSON keeps only its last value" % key)
-            seen[key] = value
-        return seen
-
-    try:
-        return raw, json.loads(text, object_pairs_hook=pairs)
-    except json.JSONDecodeError as exc:
-        raise ConfigError("invalid JSON at line %d, column %d: %s"
-                          % (exc.lineno, exc.colno, exc.msg), source) from None
-    except RecursionError:
-        raise ConfigError("invalid JSON: nested too deeply", source) from None
 
 
 def parse_config(data: Any, source: str = "<config>", schema_checked: bool = False
@@ -240,13 +187,13 @@ def _build(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) ->
     if ok.get("max_ramp_watts_per_minute") is not None:
         values["max_ramp_watts_per_minute"] = float(ok["max_ramp_watts_per_minute"])
     if "state_dir" in ok:
-        values["state_dir"] = _absolute(ok["state_dir"], ("state_dir",), problems)
+        values["state_dir"] = state_dir_path(ok["state_dir"], problems)
     if ok.get("slurm_log_file") is not None:
-        values["slurm_log_file"] = _absolute(ok["slurm_log_file"], ("slurm_log_file",), problems)
+        values["slurm_log_file"] = absolute_path(ok["slurm_log_file"], ("slurm_log_file",), problems)
     paths = doc.get("python_path")
     if isinstance(paths, (str, list)):
         paths = [paths] if isinstance(paths, str) else paths
-        values["python_path"] = tuple(_absolute(p, ("python_path", i), problems)
+        values["python_path"] = tuple(absolute_path(p, ("python_path", i), problems)
                                       for i, p in enumerate(paths) if isinstance(p, str))
     if isinstance(doc.get("exclude_nodes"), (str, list)):
         nodes = parse_hostlist(doc["exclude_nodes"], ("exclude_nodes",), problems)
@@ -272,14 +219,6 @@ def _build(doc: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem]) ->
     _check_relations(doc, bad, problems)
     values["warnings"] = _warnings(values)
     return values
-
-
-def _absolute(path: str, parts: Tuple[Any, ...], problems: List[ConfigProblem]) -> str:
-    """``path`` itself; a relative path is a problem (hooks run with cwd hooks/tmp)."""
-    if path and not os.path.isabs(path):
-        problems.append(problem(parts, "%s must be an absolute path, got %r"
-                                % (format_path(parts), path)))
-    return path
 
 
 def _node_power(given: Mapping[str, Any], base: NodePower, base_label: str,
@@ -320,7 +259,8 @@ def _overrides(items: List[Any], node_power: Optional[NodePower], base_ok: bool,
             continue
         nodes = None
         if isinstance(item.get("nodes"), str) and not bad(*parts, "nodes"):
-            nodes = parse_hostlist(item["nodes"], parts + ("nodes",), problems)
+            nodes = item["nodes"] if is_host_name(item["nodes"]) else \
+                parse_hostlist(item["nodes"], parts + ("nodes",), problems)
         if bad(*parts) or not base_ok:
             continue
         power = _node_power(item, base, label, parts, problems)
@@ -337,6 +277,7 @@ def _backend(spec: Dict[str, Any], bad: _Flagged, problems: List[ConfigProblem],
         return BackendConfig(type=kind, options={
             "groups": _backend_groups(spec, bad, problems, parts)})
     options = {k: v for k, v in spec.items() if k != "type"}
+    usable_files(options, parts, problems)
     for name in hostlist_options(kind):
         if isinstance(options.get(name), (str, list)) and not bad(*parts, name):
             nodes = parse_hostlist(options[name], parts + (name,), problems)
@@ -413,7 +354,9 @@ def _device_options(options: Dict[str, Any], bad: _Flagged,
             problems.append(problem(where, "%s must be %r: the key %r is a backend type (use "
                                     "another key to name an instance)" % (
                                         format_path(where), key, key)))
-        elif kind not in DEVICE_BACKENDS:
+        elif kind in DEVICE_BACKENDS:
+            usable_files(entry, parts + (key,), problems)
+        if kind not in DEVICE_BACKENDS:
             what = "%s %s" % (format_path(where), describe(kind)) if "type" in entry else \
                 "%s: %r" % (format_path(where), key)
             problems.append(problem(where, "%s is not a device backend type%s (known: %s; an "

@@ -1,26 +1,16 @@
-"""Power backends: the device side of host power on/off and sleep/wake.
+"""Power backends: the device side of host power on/off and sleep/wake, and the device
+controller that sends resource-group and topology requests to each node's backend.
 
-``get_backend`` picks one by ``power_backend.type``; each backend module is
-imported only when chosen, so optional dependencies stay optional.
+``get_backend`` picks a power backend by ``power_backend.type``; each backend
+module is imported only when chosen, so optional dependencies stay optional.
+Names here load on first use: importing the package costs nothing.
 """
-from __future__ import annotations
+from pbs_power._lazy import exports, names
 
-import importlib
-
-from pbs_power.config.backends import BACKENDS, DEVICE_BACKENDS
-from pbs_power.config.hook_config import BackendConfig
-from .base import BackendError, HostPower, PowerBackend, Result
-
-__all__ = ["BackendError", "HostPower", "PowerBackend", "Result",
-           "get_backend", "BACKENDS", "DEVICE_BACKENDS"]
-
-
-def get_backend(config: BackendConfig, state_dir: str) -> PowerBackend:
-    """Build the backend named by ``config.type`` with ``config.options``."""
-    entry = BACKENDS.get(config.type) if isinstance(config.type, str) else None
-    if entry is None:
-        raise BackendError(f"power backend '{config.type}' is not available "
-                           f"in this version (available: "
-                           f"{', '.join(sorted(BACKENDS))})")
-    module = importlib.import_module(entry[0])
-    return getattr(module, entry[1])(config.options, state_dir)
+_PUBLIC = {
+    **{n: ".base" for n in ("BackendError", "HostPower", "PowerBackend", "Result")},
+    "get_backend": ".registry",
+    **{n: "pbs_power.config.backends" for n in ("BACKENDS", "DEVICE_BACKENDS")},
+}
+__all__ = names(_PUBLIC)
+__getattr__ = exports(__name__, _PUBLIC)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import (Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional,
                     Sequence, Tuple, Union)
 
-from pbs_power.states.model import evolve
+from pbs_power._records import evolve
 from .dispatch import WAKE, EventLoop, Slots, Workers
 
 KINDS = ("resource_group_activate", "resource_group_deactivate", "resource_group_update",

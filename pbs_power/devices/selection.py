@@ -26,7 +26,7 @@ CONTROLLER_OPTIONS = ("max_workers", "timeout_seconds")
 def backend_entries(device_options: Optional[Mapping[str, Any]]
                     ) -> Dict[str, Tuple[str, Dict[str, Any]]]:
     """Backend name -> (type, options without ``type``); BackendError for a bad entry."""
-    from . import DEVICE_BACKENDS
+    from pbs_power.config.backends import DEVICE_BACKENDS
     options = dict(device_options or {})
     out: Dict[str, Tuple[str, Dict[str, Any]]] = {}
     for name, given in options.items():
@@ -47,7 +47,7 @@ def backend_entries(device_options: Optional[Mapping[str, Any]]
 
 def device_backend_class(kind: str) -> Type[DeviceBackend]:
     """The class of device backend type ``kind``, its module imported now."""
-    from . import DEVICE_BACKENDS
+    from pbs_power.config.backends import DEVICE_BACKENDS
     if kind not in DEVICE_BACKENDS:
         raise BackendError("no device backend type %r (known: %s)"
                            % (kind, ", ".join(sorted(DEVICE_BACKENDS))))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from pbs_power.states.model import PowerState, TransitionKind
-from pbs_power.states.store import connect
+from pbs_power.states.sqlite import StoreError, connect
 from .base import BackendError, HostPower, PowerBackend, Result
 
 FLEET_DB = "simulated_fleet.db"
@@ -155,7 +155,7 @@ class SimulatedFleet:
         self.options = options
         try:
             self._conn = connect(self.path, _BUSY_TIMEOUT_S)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, StoreError) as exc:
             raise self._error(exc) from None
         try:
             self._setup()

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
-from pbs_power.states.model import evolve
+from pbs_power._records import evolve
 from pbs_power.groups.policy import (PolicyElementType, PolicyObject, PowerLimit, parse_gpu_policies,
                       parse_policy)
 from .base import BackendError

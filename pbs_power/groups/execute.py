@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from pbs_power.states.model import evolve
+from pbs_power._records import evolve
 from .store import GroupStore, MemberRow, OperationRow
 
 #: Responses between two progress writes to the store, and at most this often (s).

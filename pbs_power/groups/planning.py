@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import budget
 from .execute import HostOutcome
-from pbs_power.states.model import evolve
+from pbs_power._records import evolve
 from .store import GroupRow, MemberRow
 
 

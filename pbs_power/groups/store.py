@@ -15,7 +15,7 @@ import sqlite3
 from dataclasses import dataclass, replace
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from pbs_power.states.store import BUSY_TIMEOUT_S, StoreError, check_writable_dir, connect
+from pbs_power.states.sqlite import BUSY_TIMEOUT_S, StoreError, check_writable_dir, connect
 
 DB_NAME = "resource_groups.db"
 SCHEMA = (

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 from pbs_power.config.checks import (
     ConfigProblem, describe, did_you_mean, format_path, load_packaged_schema, parse_hostlist,
 )
-from pbs_power.groups.policy import PolicyError, PolicyObject, parse_policies
+from pbs_power.groups.policy import PolicyElementType, PolicyError, PolicyObject, parse_policies
 
 if TYPE_CHECKING:  # pragma: no cover
     from pbs_power.groups.topology_model import DeviceSpec, Entity, PowerDomain, Topology
@@ -197,8 +197,46 @@ def _build(doc: Mapping[str, Any], bad: _Flagged,
                          list(paths), policy_names)
     if problems:
         return None
-    return Topology(doc["name"], specs, domains, entities, policies, default,
-                    _budget_warnings(domains, paths))
+    topology = Topology(doc["name"], specs, domains, entities, policies, default,
+                        _budget_warnings(domains, paths))
+    return dataclasses.replace(topology, warnings=topology.warnings + tuple(
+        _default_overruns(topology, paths)) + tuple(_clamp_warnings(topology)))
+
+
+def _default_overruns(topology: "Topology", paths: Mapping[str, str]) -> List[str]:
+    """A warning for each budget its entities overrun under their topology policies alone
+    (an entity with none counts at max_watts): activation cannot hold that budget."""
+    out = []
+    for name, domain in topology.domains.items():
+        if domain.budget_watts is None:
+            continue
+        under = topology.entities_under(name)
+        watts = sum(topology.node_watts(e, topology.topology_policy(e)) for e in under)
+        if watts > domain.budget_watts:
+            out.append("%s.budget_watts: %r holds %d entities that draw %g W under their "
+                       "topology policies (default %s), over its budget of %g W: raise the "
+                       "budget or set a lower default_policy" % (
+                           paths[name], name, len(under), watts,
+                           topology.default_policy or "none: uncapped", domain.budget_watts))
+    return out
+
+
+def _clamp_warnings(topology: "Topology") -> List[str]:
+    """A warning for each policy whose NODE limit no device spec can hold: it is clamped
+    on every node (a policy meant for one kind of node may well be clamped on another)."""
+    nodes = [spec.node for spec in topology.device_specs.values()]
+    if not nodes:
+        return []
+    floor, ceiling = min(n.min_watts for n in nodes), max(n.max_watts for n in nodes)
+    out = []
+    for policy in topology.policies.values():
+        limit = policy.limit(PolicyElementType.NODE)
+        watts = limit.watts if limit is not None else None
+        if watts is not None and (watts > ceiling or watts < floor):
+            out.append("policy %r: NODE limit %g W is outside every device spec's range "
+                       "(%g-%g W across the specs); each node applies its own min_watts or "
+                       "max_watts instead" % (policy.name, watts, floor, ceiling))
+    return out
 
 
 def _device_spec(name: str, raw: Mapping[str, Any], problems: List[ConfigProblem]) -> DeviceSpec:

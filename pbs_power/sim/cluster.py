@@ -99,11 +99,15 @@ class SimCluster:
                 self.comments[mark.host] = mark.comment
         self._refresh_power(now)
 
-    def counts(self) -> Dict[str, int]:
-        """How many hosts are in each energy state, for the per-cycle line."""
+    def counts(self, going_down: Iterable[str] = ()) -> Dict[str, int]:
+        """How many hosts are in each energy state, for the per-cycle line; hosts changing
+        state count as "shutting down" when in ``going_down``, else as "booting"."""
+        down = set(going_down)
         out: Dict[str, int] = {}
         for host in self.hosts:
             state = self._energy_state(host)
+            if state == "transitioning":
+                state = "shutting down" if host in down else "booting"
             out[state] = out.get(state, 0) + 1
         return out
 

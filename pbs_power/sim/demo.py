@@ -74,7 +74,7 @@ def run_day(jobs: List[SimJob], hosts: List[str], hours: float, config: Optional
                 cluster.step(now, [])
                 cycles += sum(1 for t in report.started if t.kind.is_down)
                 failed += len(report.failed)
-                out(_cycle_line(now, cluster, report))
+                out(_cycle_line(now, cluster, report, store.transitions()))
                 next_cycle = now + config.cycle_interval
             cluster.account(step)
             now += step
@@ -106,11 +106,12 @@ def run_demo(hosts: int = 64, hours: float = 24.0, seed: int = 1,
             managed_config = replace(config, state_dir=state_dir,
                                      power_backend=managed_config.power_backend,
                                      node_power=config.node_power or CPU_NODE)
+        ramp = managed_config.max_ramp_watts_per_minute
         out("config: mode %s, node_idle_limit %ds, max_concurrent_nodes %d, "
-            "min_idle_nodes %d, cycle %ds" % (
+            "max_ramp_watts_per_minute %s, min_idle_nodes %d, cycle %ds" % (
                 managed_config.mode, managed_config.node_idle_limit,
-                managed_config.max_concurrent_nodes, managed_config.min_idle_nodes,
-                managed_config.cycle_interval))
+                managed_config.max_concurrent_nodes, "none" if ramp is None else "%g" % ramp,
+                managed_config.min_idle_nodes, managed_config.cycle_interval))
         managed = run_day(jobs, names, hours, managed_config, out=out, verbose=verbose)
     summary = summarize(baseline, managed)
     out(summary_line(summary))
@@ -145,17 +146,20 @@ def summary_line(s: Dict[str, float]) -> str:
                 s["power_downs"], s["failed"]))
 
 
-def _cycle_line(now: float, cluster: SimCluster, report) -> str:
+def _cycle_line(now: float, cluster: SimCluster, report, in_flight) -> str:
+    """One cycle: hosts by state (coming up and going down apart), queue, what started."""
     started: Dict[str, int] = {}
     for t in report.started:
         started[t.kind.value] = started.get(t.kind.value, 0) + 1
     done = ", ".join("%s %d" % kv for kv in sorted(started.items())) or "no change"
-    counts = cluster.counts()
-    return "%s  busy %2d idle %2d asleep/off %2d booting %2d | queued %3d | started: %s%s" % (
-        time.strftime("%H:%M", time.gmtime(now)), counts.get("busy", 0), counts.get("idle", 0),
-        counts.get("asleep", 0) + counts.get("off", 0), counts.get("transitioning", 0),
-        len(cluster.queue), done,
-        "; held back %d" % len(report.plan.deferred) if report.plan.deferred else "")
+    counts = cluster.counts(t.host for t in in_flight if t.kind.is_down)
+    return ("%s  busy %2d idle %2d asleep/off %2d booting %2d shutting down %2d | queued %3d "
+            "| started: %s%s" % (
+                time.strftime("%H:%M", time.gmtime(now)), counts.get("busy", 0),
+                counts.get("idle", 0), counts.get("asleep", 0) + counts.get("off", 0),
+                counts.get("booting", 0), counts.get("shutting down", 0), len(cluster.queue), done,
+                "; held back %d (limits above)" % len(report.plan.deferred)
+                if report.plan.deferred else ""))
 
 
 def _logger(out: Callable[[str], None], verbose: bool):

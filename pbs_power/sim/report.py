@@ -1,7 +1,7 @@
 """Present a `Comparison`: the side-by-side table, JSON, and the plot."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 from .simulate import Comparison
 
@@ -40,30 +40,62 @@ def as_json(result: Comparison, **context: Any) -> Dict[str, Any]:
 
 
 def plot(result: Comparison, path: str, title: str = "") -> None:
-    """Write a PNG: cluster power, and nodes on / down, over time per manager."""
+    """Write a PNG readable at a glance: one row per manager (its cluster power over
+    always-on's in grey, and its nodes asleep or off), and bars of energy saved and mean
+    added wait per manager on the right."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
-    for name, samples in result.samples.items():
-        if not samples:
-            continue
-        t0 = samples[0][0]
-        days = [(s[0] - t0) / 86400.0 for s in samples]
-        line, = top.plot(days, [s[1] / 1000.0 for s in samples], label=name, linewidth=0.8)
-        bottom.plot(days, [s[2] for s in samples], color=line.get_color(), linewidth=0.8,
-                    label="%s: on" % name)
-        if any(s[3] for s in samples):
-            bottom.plot(days, [s[3] for s in samples], color=line.get_color(),
-                        linestyle="--", linewidth=0.8, label="%s: asleep/off" % name)
-    top.set_ylabel("cluster power (kW)")
-    top.legend(loc="upper right", fontsize="small")
-    bottom.set_ylabel("nodes")
-    bottom.set_xlabel("days since the first job (SIMULATED)")
-    bottom.legend(loc="upper right", fontsize="x-small", ncol=2)
+    names = [n for n, samples in result.samples.items() if samples]
+    rows = max(1, len(names))
+    fig = plt.figure(figsize=(13, 2.2 * rows + 1.0))
+    grid = fig.add_gridspec(rows, 2, width_ratios=(4, 1.3))
+    base = result.samples.get("always-on") or []
+    first = ax = None
+    for i, name in enumerate(names):
+        ax = fig.add_subplot(grid[i, 0], sharex=first)
+        first = first or ax
+        _power_panel(ax, name, result.samples[name], base)
+        if i < rows - 1:
+            ax.tick_params(labelbottom=False)
+    if ax is not None:
+        ax.set_xlabel("days since the first job (SIMULATED; grey: always-on's power)")
+    _bars(fig.add_subplot(grid[: max(1, rows // 2), 1]), result, "saved_pct",
+          "energy saved vs always-on (%)")
+    _bars(fig.add_subplot(grid[max(1, rows // 2):, 1] if rows > 1 else grid[0, 1]), result,
+          "added_wait_mean_s", "mean added wait (s)")
     if title:
-        top.set_title(title)
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
+
+def _power_panel(ax: Any, name: str, samples: List[Any], base: List[Any]) -> None:
+    """One manager: cluster power (kW, left axis) over always-on's, nodes down (right axis)."""
+    t0 = samples[0][0]
+    if base and name != "always-on":
+        ax.plot([(s[0] - t0) / 86400.0 for s in base], [s[1] / 1000.0 for s in base],
+                color="0.75", linewidth=0.7)
+    ax.plot([(s[0] - t0) / 86400.0 for s in samples], [s[1] / 1000.0 for s in samples],
+            color="tab:blue", linewidth=0.8)
+    ax.set_ylabel("kW")
+    ax.text(0.01, 0.92, name, transform=ax.transAxes, fontweight="bold", va="top",
+            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+    if any(s[3] for s in samples):
+        down = ax.twinx()
+        down.fill_between([(s[0] - t0) / 86400.0 for s in samples], [s[3] for s in samples],
+                          step="post", color="tab:orange", alpha=0.3, linewidth=0)
+        down.set_ylabel("nodes down", color="tab:orange", fontsize="small")
+
+
+def _bars(ax: Any, result: Comparison, field: str, label: str) -> None:
+    """One horizontal bar per manager for one metric, its value written beside it."""
+    names = [m.manager for m in result.metrics]
+    values = [getattr(m, field) for m in result.metrics]
+    ax.barh(names, values, color="tab:green" if field == "saved_pct" else "tab:red")
+    ax.invert_yaxis()
+    ax.set_title(label, fontsize="small")
+    for y, v in enumerate(values):
+        ax.text(v, y, " %s" % format(round(v, 1), ","), va="center", fontsize="small")
+    ax.margins(x=0.25)

@@ -1,8 +1,8 @@
 """Slurm adapter: what slurmctld shows, as the planner's `Snapshot`, and node power requests.
 
-Two clients behind one interface (`SlurmClient`): pyslurm's (used when
-``import pyslurm`` works: pyslurm 25.11's ``Nodes.load()`` / ``Jobs.load()``)
-and the command line's (``sinfo --json``, ``squeue --json``, ``scontrol``;
+Two clients behind one interface (`SlurmClient`): pyslurm's (used when a
+child process could import it, for what that release has: `selection`) and
+the command line's (``scontrol --json``, ``sinfo --json``, ``squeue --json``;
 argv lists, never a shell), in `pyslurm_client` and `commands`; the interface
 and the records are in `client`. Both return
 the plain records below; this module turns them into `Vnode`s, `QueuedJob`s
@@ -31,22 +31,14 @@ from .client import (  # noqa: F401  (re-exported: the adapter's public names)
     SlurmReservation, epoch, expand, fold, local_time, split_state, state_words,
 )
 
-def get_client(prefer: str = "auto", **options) -> SlurmClient:
-    """pyslurm's client when importable (or ``prefer='pyslurm'``), else the CLI's."""
-    if prefer not in ("auto", "cli", "pyslurm"):
-        raise ValueError("prefer must be auto, cli or pyslurm, not %r" % prefer)
-    if prefer != "cli":
-        try:
-            import pyslurm  # noqa: F401  (optional: no release builds against Slurm 22.05)
-        except ImportError:
-            if prefer == "pyslurm":
-                raise SlurmError("pyslurm is not importable; install the pbs-power[slurm] "
-                                 "extra built against your Slurm, or use the CLI")
-        else:
-            from .pyslurm_client import PyslurmClient
-            return PyslurmClient(pyslurm)
-    from .commands import CliClient
-    return CliClient(**options)
+def get_client(prefer: str = "auto", log=None, **options) -> SlurmClient:
+    """pyslurm's client where a child process could import it, else the commands'.
+
+    See `pbs_power.slurm.selection`: ``prefer`` is auto, cli or pyslurm;
+    ``options`` (bin_dir, timeout, env) go to the command-line client.
+    """
+    from .selection import choose_client
+    return choose_client(prefer, log, **options)
 
 
 # -- Slurm records -> the planner's types ---------------------------------------
@@ -162,6 +154,9 @@ class SlurmView:
 def read_view(client: SlurmClient, with_reservations: bool = True) -> SlurmView:
     """Nodes, jobs, reservations and power settings in one go; SlurmError on failure."""
     nodes = client.nodes()
+    if not nodes:     # a cluster has nodes: an empty list is a reading that went wrong
+        raise SlurmError("Slurm (through %s) reported no nodes at all; nothing is planned "
+                         "from an empty cluster" % (client.name or "its client"))
     jobs = client.jobs()
     resvs = client.reservations() if with_reservations else []
     return SlurmView(tuple(nodes), tuple(jobs), tuple(resvs), client.power_config())

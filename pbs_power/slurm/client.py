@@ -31,6 +31,10 @@ class SlurmError(RuntimeError):
     """Slurm could not be read or told something; the message says why (one line)."""
 
 
+class Unsupported(SlurmError):
+    """This client cannot serve the request (its library lacks it); another client may."""
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     """A node as slurmctld reports it."""

@@ -1,11 +1,15 @@
-"""Slurm through its commands: ``sinfo --json``, ``squeue --json``, ``scontrol``.
+"""Slurm through its commands: ``scontrol --json``, ``sinfo --json``, ``squeue --json``.
 
 Every command is an argv list run with a timeout, never through a shell;
 the programs are found once, by absolute path, in ``bin_dir`` or PATH (a
-safe default PATH when slurmctld gave none). Slurm 22.05's JSON is read, and
+safe default PATH when slurmctld gave none). Nodes come from the source the
+release has: ``scontrol --json show node`` from 23.02 (whose ``sinfo --json``
+groups nodes by state and drops their times), ``sinfo --json`` on 21.08 to
+22.05, ``scontrol show node -o`` before. Slurm 22.05's JSON is read, and
 newer releases' shapes (state lists, ``{"set", "number"}`` numbers,
-``scheduled_nodes``) are accepted too. Failures raise `SlurmError` with the
-command and its first line of stderr.
+``scheduled_nodes``) too. An empty node list from a cluster whose sinfo
+lists nodes is an error, never "no nodes". Failures raise `SlurmError` with
+the command and its first line of stderr.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .client import (SlurmClient, SlurmError, SlurmJob, SlurmNode, SlurmPowerConfig,
                     SlurmReservation, epoch, expand, fold, local_time, split_state,
@@ -26,6 +30,10 @@ _FIELD = re.compile(r"(\w+)=(.*?)(?=\s+\w+=|\s*$)")
 _NO_VALUE = ("", "(null)", "N/A", "None")
 #: scontrol appends who set a node's reason, and when: ``Reason=x [root@2026-11-22T18:23:37]``.
 _REASON_BY = re.compile(r"\s*\[[^\]\s]*@[^\]\s]*\]$")
+#: The first release whose ``scontrol`` prints JSON (and whose ``sinfo --json`` is grouped).
+SCONTROL_JSON = (23, 2)
+#: The first release whose ``sinfo`` and ``squeue`` print JSON.
+SINFO_JSON = (21, 8)
 
 
 class CliClient(SlurmClient):
@@ -39,6 +47,7 @@ class CliClient(SlurmClient):
         self.timeout = timeout
         self.env = dict(os.environ if env is None else env)
         self._paths: Dict[str, str] = {}
+        self._version: Optional[Tuple[int, ...]] = None
 
     # -- running commands -----------------------------------------------------------
     def program(self, name: str) -> str:
@@ -81,21 +90,40 @@ class CliClient(SlurmClient):
             raise SlurmError("%s %s printed JSON that is not an object" % (name, " ".join(args)))
         return doc
 
+    def version(self) -> Tuple[int, ...]:
+        """Slurm's release as numbers, ``(24, 11, 5)``, from ``scontrol --version``."""
+        if self._version is None:
+            self._version = parse_version(self.run("scontrol", "--version"))
+        return self._version
+
+    def node_source(self) -> str:
+        """The command nodes are read with on this release."""
+        version = self.version()
+        if version >= SCONTROL_JSON:
+            return "scontrol --json show node"
+        if version >= SINFO_JSON:
+            return "sinfo --json"
+        return "scontrol show node -o"
+
     # -- the interface ----------------------------------------------------------------
     def nodes(self) -> List[SlurmNode]:
-        try:
-            return nodes_from_sinfo(self.run_json("sinfo", "--json"))
-        except SlurmError as json_error:
-            try:   # Slurm before 21.08 has no --json
-                return nodes_from_scontrol(self.run("scontrol", "show", "node", "-o"))
-            except SlurmError:
-                raise json_error from None
+        source = self.node_source()
+        if source == "scontrol show node -o":
+            nodes = nodes_from_scontrol(self.run("scontrol", "show", "node", "-o"))
+        else:
+            nodes = nodes_from_sinfo(self.run_json(*source.split()))
+        if not nodes:
+            listed = self.run("sinfo", "-h", "-N", "-o", "%N").split()
+            if listed:
+                raise SlurmError("%s listed no nodes, yet sinfo lists %d (%s): this Slurm's "
+                                 "output is not understood; nothing is read as powered down"
+                                 % (source, len(set(listed)), fold(sorted(set(listed)))))
+        return nodes
 
     def jobs(self) -> List[SlurmJob]:
         doc = self.run_json("squeue", "--json")
         planned = None
-        if any(j.get("job_state") == "PENDING" or j.get("job_state") == ["PENDING"]
-               for j in doc.get("jobs") or ()) \
+        if any(job_state(j.get("job_state")) == "PENDING" for j in doc.get("jobs") or ()) \
                 and not any("scheduled_nodes" in j for j in doc.get("jobs") or ()):
             # Slurm 22.05's JSON has no scheduled nodes: ask for them (SCHEDNODES).
             planned = scheduled_from_text(self.run("squeue", "-h", "-t", "PD", "-o", "%A|%Y"))
@@ -114,9 +142,23 @@ class CliClient(SlurmClient):
         self.run("scontrol", *args)
 
 
-# -- parsers (pure; tested on outputs recorded from Slurm 22.05) ---------------------
+# -- parsers (pure; tested on outputs recorded from Slurm 22.05 and 24.11) ------------
+def parse_version(text: str) -> Tuple[int, ...]:
+    """``slurm 24.11.5`` (or ``slurm-wlm 22.05.8``) -> ``(24, 11, 5)``; SlurmError if none."""
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    if not match:
+        raise SlurmError("cannot tell Slurm's version from %r" % (text or "").strip()[:80])
+    return tuple(int(g) for g in match.groups() if g is not None)
+
+
 def nodes_from_sinfo(doc: Dict[str, Any]) -> List[SlurmNode]:
-    """Nodes of ``sinfo --json`` (22.05: ``state`` + ``state_flags``; later: a state list)."""
+    """Nodes of ``scontrol --json show node`` or ``sinfo --json`` (any layout).
+
+    22.05's sinfo: ``nodes`` with ``state`` + ``state_flags``; scontrol 23.02+:
+    ``nodes`` with a state list; sinfo 23.02+: ``sinfo`` records grouped by state.
+    """
+    if "sinfo" in doc and not doc.get("nodes"):
+        return nodes_from_sinfo_groups(doc)
     out: Dict[str, SlurmNode] = {}
     for n in doc.get("nodes") or ():
         name = str(n.get("name") or n.get("hostname") or "")
@@ -128,6 +170,22 @@ def nodes_from_sinfo(doc: Dict[str, Any]) -> List[SlurmNode]:
         out[name] = SlurmNode(name, base, flags, epoch(n.get("last_busy")),
                               epoch(n.get("slurmd_start_time")), str(n.get("reason") or ""),
                               tuple(_as_list(n.get("partitions"))))
+    return list(out.values())
+
+
+def nodes_from_sinfo_groups(doc: Dict[str, Any]) -> List[SlurmNode]:
+    """Nodes of 23.02+'s grouped ``sinfo --json``: states, reasons and partitions, no times."""
+    out: Dict[str, SlurmNode] = {}
+    for group in doc.get("sinfo") or ():
+        base, flags = split_state(_as_list((group.get("node") or {}).get("state")))
+        reason = group.get("reason")
+        reason = str((reason.get("description") if isinstance(reason, dict) else reason) or "")
+        partition = str((group.get("partition") or {}).get("name") or "")
+        for name in expand((group.get("nodes") or {}).get("nodes")):
+            node = out.get(name)
+            parts = (node.partitions if node else ()) + ((partition,) if partition else ())
+            out[name] = SlurmNode(name, base, flags, reason=reason,
+                                  partitions=tuple(dict.fromkeys(parts)))
     return list(out.values())
 
 
@@ -155,8 +213,7 @@ def jobs_from_squeue(doc: Dict[str, Any],
         jid = str(j.get("job_id", ""))
         if not jid:
             continue
-        state = j.get("job_state")
-        state = str(state[0] if isinstance(state, list) and state else state or "").upper()
+        state = job_state(j.get("job_state"))
         nodes = j.get("nodes")
         if isinstance(nodes, dict):                      # not in 22.05
             nodes = nodes.get("allocation") or nodes.get("list")
@@ -168,6 +225,19 @@ def jobs_from_squeue(doc: Dict[str, Any],
             start_time=epoch(j.get("start_time")), reason=str(j.get("state_reason") or ""),
             partition=str(j.get("partition") or ""), comment=str(j.get("comment") or "")))
     return out
+
+
+def job_state(value: Any) -> str:
+    """One state of squeue's ``job_state``: a word, or 23.02+'s list of them.
+
+    24.11 lists ``["RUNNING", "CONFIGURING", "POWER_UP_NODE"]`` for a job whose
+    nodes are still booting: it waits for them, so it is CONFIGURING (as
+    22.05 says), not RUNNING.
+    """
+    words = [str(w).upper() for w in (value if isinstance(value, list) else [value]) if w]
+    if "CONFIGURING" in words or "POWER_UP_NODE" in words:
+        return "CONFIGURING"
+    return words[0] if words else ""
 
 
 def scheduled_from_text(text: str) -> Dict[str, tuple]:

@@ -134,7 +134,7 @@ def cycle_main(config: HookConfig, client: Optional[SlurmClient] = None,
     from pbs_power.states.store import Store, StoreError
     log = log or program_logger("cycle", config)
     try:
-        client = client or get_client()
+        client = client or get_client(log=log)
         with Store.open(config.state_dir) as store:
             report = run_cycle(config, store, client, log, (clock or time.time)(), dry_run)
     except (SlurmError, StoreError) as exc:

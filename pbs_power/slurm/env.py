@@ -5,7 +5,9 @@ EpilogSlurmctld with fds 0-2 closed (so ``sys.stdout`` is None and the first
 file opened would land on fd 0), no PATH (the prologs get no SLURM_CONF
 either) and the signal mask of a slurmctld thread (HUP INT QUIT ABRT USR1
 USR2 PIPE ALRM TERM TSTP XCPU blocked), which every child inherits: a daemon
-started from there would ignore SIGTERM. `prepare_program_env` undoes that;
+started from there would ignore SIGTERM. `prepare_program_env` undoes that,
+and gives the programs slurmctld's own SLURM_CONF so that their ``scontrol``
+reads the slurm.conf slurmctld does;
 `program_logger` logs one line per event to syslog and, if the hook config
 names one, to ``slurm_log_file``.
 """
@@ -48,6 +50,41 @@ def prepare_program_env() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
     if not os.environ.get("PATH"):
         os.environ["PATH"] = SAFE_PATH
+    if not os.environ.get("SLURM_CONF"):
+        found = slurmctld_conf(os.getppid())
+        if found:
+            os.environ["SLURM_CONF"] = found
+
+
+def slurmctld_conf(pid: int, proc: str = "/proc") -> Optional[str]:
+    """The slurm.conf that slurmctld ``pid`` runs with, when it is not Slurm's built-in path.
+
+    PrologSlurmctld and EpilogSlurmctld get no SLURM_CONF, so their ``scontrol``
+    would read the compiled-in path; a slurmctld started with ``-f FILE`` or with
+    SLURM_CONF in its environment uses another. Both are read from its /proc entry
+    (the program runs as SlurmUser, like slurmctld); None if ``pid`` is no slurmctld
+    or shows neither.
+    """
+    base = os.path.join(proc, str(pid))
+    try:
+        with open(os.path.join(base, "comm"), "rb") as f:
+            if f.read().strip() != b"slurmctld":
+                return None
+        with open(os.path.join(base, "cmdline"), "rb") as f:
+            argv = f.read().split(b"\0")
+        with open(os.path.join(base, "environ"), "rb") as f:
+            environ = f.read().split(b"\0")
+    except OSError:
+        return None
+    for i, arg in enumerate(argv):
+        if arg == b"-f" and i + 1 < len(argv) and argv[i + 1]:
+            return os.fsdecode(argv[i + 1])
+        if arg.startswith(b"-f") and len(arg) > 2:
+            return os.fsdecode(arg[2:])
+    for entry in environ:
+        if entry.startswith(b"SLURM_CONF=") and len(entry) > len(b"SLURM_CONF="):
+            return os.fsdecode(entry[len(b"SLURM_CONF="):])
+    return None
 
 
 def _fd_open(fd: int) -> bool:

@@ -371,7 +371,11 @@ def resume_fail(run: PowerRun, hosts: Sequence[str]) -> int:
 
 
 def jobs_by_host(resume_file: Optional[str], log) -> Dict[str, str]:
-    """host -> ``for job N`` from SLURM_RESUME_FILE (``{"jobs": [{"job_id", "nodes"}]}``)."""
+    """host -> ``for job N`` from SLURM_RESUME_FILE.
+
+    Each of its ``jobs`` names the nodes resumed for it: ``nodes`` in 22.05,
+    ``nodes_resume`` (beside ``nodes_alloc``, the whole allocation) in 24.11.
+    """
     if not resume_file:
         return {}
     from .adapter import expand
@@ -380,7 +384,8 @@ def jobs_by_host(resume_file: Optional[str], log) -> Dict[str, str]:
             doc = json.load(f)
         out: Dict[str, List[str]] = {}
         for job in doc.get("jobs") or ():
-            for host in expand(job.get("nodes") or ""):
+            resumed = job.get("nodes_resume", job.get("nodes")) or ""
+            for host in expand(resumed):
                 out.setdefault(host, []).append(str(job.get("job_id")))
     except (OSError, ValueError, AttributeError, SlurmError) as exc:
         log.warning("cannot read SLURM_RESUME_FILE %s: %s", resume_file, exc)
@@ -442,7 +447,7 @@ def program_main(name: str, argv: Sequence[str], environ: Mapping[str, str]) -> 
     try:
         with Store.open(config.state_dir) as store, \
                 get_backend(config.power_backend, config.state_dir) as backend:
-            run = PowerRun(config, store, backend, get_client(), log)
+            run = PowerRun(config, store, backend, get_client(log=log), log)
             if name == "suspend":
                 return suspend(run, hosts)
             if name == "resume":

@@ -1,9 +1,11 @@
 """Slurm through pyslurm (25.11's API): ``Nodes.load()``, ``Jobs.load()``, ``Node.modify``.
 
-Used when ``import pyslurm`` works. pyslurm builds only against the Slurm
-release it was made for (25.11 needs Slurm 25.11; nothing builds against
-Debian 12's 22.05), so this client is checked against pyslurm's documented
-object shapes; the CLI client is the one the real-cluster tests run.
+Used when a child process could import pyslurm (`selection`), for what
+this pyslurm release has: a missing class, no nodes or empty power settings
+raise `Unsupported` and the commands serve that instead. pyslurm builds
+only against the Slurm release it was made for (25.11 needs Slurm 25.11),
+so this client is checked against pyslurm's documented object shapes; the
+CLI client is the one the real-cluster tests run.
 
 Shapes read: ``Nodes.load()`` and ``Jobs.load()`` return collections whose
 ``values()`` are `Node` / `Job` objects (older releases: a list or a dict);
@@ -18,7 +20,8 @@ from __future__ import annotations
 from typing import Any, Iterable, List, Sequence
 
 from .client import (SlurmClient, SlurmError, SlurmJob, SlurmNode, SlurmPowerConfig,
-                    SlurmReservation, epoch, expand, fold, split_state, state_words)
+                    SlurmReservation, Unsupported, epoch, expand, fold, split_state,
+                    state_words)
 
 
 class PyslurmClient(SlurmClient):
@@ -37,7 +40,10 @@ class PyslurmClient(SlurmClient):
 
     def nodes(self) -> List[SlurmNode]:
         loaded = self._call("Nodes.load()", self.pyslurm.Nodes.load)
-        return [node_from(n) for n in _objects(loaded)]
+        nodes = [node_from(n) for n in _objects(loaded)]
+        if not nodes:
+            raise Unsupported("Nodes.load() returned no nodes")
+        return nodes
 
     def jobs(self) -> List[SlurmJob]:
         loaded = self._call("Jobs.load()", self.pyslurm.Jobs.load)
@@ -46,7 +52,7 @@ class PyslurmClient(SlurmClient):
     def reservations(self) -> List[SlurmReservation]:
         kind = getattr(self.pyslurm, "Reservations", None)
         if kind is None:
-            return []
+            raise Unsupported("no Reservations in this pyslurm")
         loaded = self._call("Reservations.load()", kind.load)
         out = []
         for r in _objects(loaded):
@@ -60,8 +66,10 @@ class PyslurmClient(SlurmClient):
         holder = getattr(self.pyslurm, "slurmctld", None)
         config_type = getattr(holder, "Config", None)
         if config_type is None:
-            return SlurmPowerConfig()
+            raise Unsupported("no slurmctld.Config in this pyslurm")
         conf = self._call("slurmctld.Config.load()", config_type.load)
+        if getattr(conf, "resume_timeout", None) is None:
+            raise Unsupported("its slurmctld.Config has no resume_timeout")
         parts = getattr(conf, "suspend_exclude_partitions", None) or ()
         if isinstance(parts, str):
             parts = [p for p in parts.split(",") if p]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
+from pbs_power._records import evolve  # noqa: F401  (part of the model's API)
 
 # Vnode state names as PBS prints them (pbsnodes, qstat).
 FREE = "free"
@@ -203,16 +204,3 @@ def hosts_of(vnodes: Sequence[Vnode]) -> Dict[str, Tuple[Vnode, ...]]:
     for vnode in vnodes:
         grouped.setdefault(vnode.host, []).append(vnode)
     return {host: tuple(vs) for host, vs in grouped.items()}
-
-
-def evolve(obj: Any, **changes: Any) -> Any:
-    """A copy of a frozen dataclass instance with ``changes`` applied.
-
-    Like `dataclasses.replace` but without re-running ``__init__``: hot
-    paths copy thousands of records per fan-out. Only for plain frozen
-    dataclasses (no __slots__, no __post_init__ checks to re-run).
-    """
-    new = object.__new__(obj.__class__)
-    new.__dict__.update(obj.__dict__)
-    new.__dict__.update(changes)
-    return new

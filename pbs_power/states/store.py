@@ -15,17 +15,18 @@ import fcntl
 import os
 import re
 import sqlite3
-import tempfile
 import time
 from typing import (Dict, Iterable, Iterator, List, Optional, Sequence,
                     Tuple, Union)
 
 from .model import Phase, RampStep, Transition, TransitionKind
+from .sqlite import (  # noqa: F401  (StoreError and the rest are this store's API too)
+    BUSY_TIMEOUT_S, StoreError, check_writable_dir, connect, database_error,
+)
 
 DB_NAME = "pbs_power.db"
 #: The schema this code reads and writes; see ``_MIGRATIONS``.
 SCHEMA_VERSION = 1
-BUSY_TIMEOUT_S = 10.0
 #: Measurements kept per host and kind, and how many of them the estimate uses.
 DURATION_HISTORY = 20
 ESTIMATE_WINDOW = 10
@@ -59,10 +60,6 @@ _MIGRATIONS: Tuple[Tuple[int, Tuple[str, ...]], ...] = (
 KindLike = Union[TransitionKind, str]
 
 
-class StoreError(Exception):
-    """The state database cannot be used; the message names the file and a fix."""
-
-
 def nearest_rank(values: Sequence[float], percent: int) -> float:
     """The ``percent``-th percentile of ``values`` by the nearest-rank method."""
     if not values:
@@ -70,50 +67,6 @@ def nearest_rank(values: Sequence[float], percent: int) -> float:
     ordered = sorted(values)
     rank = max(1, (percent * len(ordered) + 99) // 100)  # ceil without floats
     return ordered[rank - 1]
-
-
-def check_writable_dir(path: str) -> None:
-    """Raise StoreError unless ``path`` is a directory we can create files in.
-
-    A real file is created and removed: ``os.access`` is fooled by root,
-    read-only mounts and ACLs.
-    """
-    if not os.path.isdir(path):
-        raise StoreError(f"state directory {path} does not exist or is not "
-                         f"a directory; create it or set state_dir")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".pbs_power-probe-", dir=path)
-    except OSError as exc:
-        raise StoreError(f"state directory {path} is not writable "
-                         f"({exc.strerror}); make it writable by the user "
-                         f"the hook runs as or set state_dir") from None
-    os.close(fd)
-    os.unlink(probe)
-
-
-def connect(path: str, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
-    """An autocommit SQLite connection in WAL mode, waiting ``timeout`` on locks.
-
-    Shared by every pbs_power database. A brand-new file may be busy while
-    another process creates it, so switching to WAL is retried until then.
-    """
-    conn = sqlite3.connect(path, timeout=timeout, isolation_level=None)
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                conn.execute("PRAGMA journal_mode = WAL").fetchone()
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-        conn.execute("PRAGMA synchronous = NORMAL")
-    except BaseException:
-        conn.close()
-        raise
-    return conn
 
 
 class Store:
@@ -163,13 +116,7 @@ class Store:
                               f"another process for more than "
                               f"{self.timeout:g} s ({text}); check for hung "
                               f"pbs_power processes")
-        if "not a database" in text or "malformed" in text:
-            return StoreError(f"state database {self.path} is corrupt "
-                              f"({text}); stop the hooks and move the file "
-                              f"(with its -wal and -shm files) aside: a new "
-                              f"empty one is created on the next run and "
-                              f"power transitions in flight are forgotten")
-        return StoreError(f"state database {self.path}: {text}")
+        return database_error(self.path, exc)
 
     @contextlib.contextmanager
     def _guard(self) -> Iterator[None]:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import marshal
 import subprocess
 import sys
@@ -511,3 +513,35 @@ def test_every_hook_ships_an_hk_file_that_agrees_with_install():
         assert attrs["type"] == "site" and attrs["enabled"] == "false"
         for key, value in hook.attributes:
             assert attrs[key] == value, (hk.name, key)
+
+
+def test_printing_runs_reuse_one_private_copy(fake, tmp_path, capsys, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    doc = json.loads(fake.config.read_text())
+    doc["python_path"] = []
+    fake.config.write_text(json.dumps(doc))
+    paths = []
+    for _ in range(3):
+        code, out, err = cli(capsys, "pbs", "install", "--hooks-dir", str(fake.hooks),
+                             "--config", str(fake.config))
+        assert code == 0, err
+        paths.append(re.search(r"application/x-config default (\S+)'", out).group(1))
+    assert len(set(paths)) == 1 and os.path.isfile(paths[0])
+    assert os.stat(os.path.dirname(paths[0])).st_mode & 0o777 == 0o700
+    assert len(os.listdir(tmp_path / "tmp")) == 1
+
+
+def test_a_planted_copy_directory_is_refused(fake, tmp_path, capsys, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / ("pbs_power_install-%d" % os.geteuid()))
+    doc = json.loads(fake.config.read_text())
+    doc["python_path"] = []
+    fake.config.write_text(json.dumps(doc))
+    code, out, err = cli(capsys, "pbs", "install", "--hooks-dir", str(fake.hooks),
+                         "--config", str(fake.config))
+    assert code == 2 and "is not a private directory of ours" in err
+    assert os.listdir(tmp_path / "elsewhere") == []

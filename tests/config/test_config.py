@@ -263,7 +263,7 @@ def test_cli_missing_file_exits_2(argv, capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    [], ["config"], ["config", "show"], ["config", "show", "--defaults", "x.json"],
+    [], ["config"], ["config", "show", "--defaults", "x.json"],
     ["config", "validate"], ["nosuchcommand"], ["config", "validate", "a", "b"],
 ])
 def test_cli_usage_errors_exit_2(argv, capsys):

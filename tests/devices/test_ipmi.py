@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from emulators.ipmi_sim import PASSWORD, SimFleet, free_udp_port, write_credentials
+from emulators.ipmi_sim import PASSWORD, USERNAME, SimFleet, free_udp_port, write_credentials
 from pbs_power.config.hook_config import BackendConfig, ConfigError, HookConfig, NodePower, parse_config
 from pbs_power.states.cycle import Cycle
 from pbs_power.devices import BackendError, get_backend
 from pbs_power.devices.controller import DeviceController, DeviceRequest
 from pbs_power.devices.ipmi.backend import IpmiDevices, IpmiPowerBackend
 from pbs_power.devices.ipmi.ipmitool import Bmc, IpmiTool, Settings
+from pbs_power.devices.ipmi.options import IpmiConfig
 from pbs_power.devices.selection import build_device_backends
 from pbs_power.states.model import PowerState, TransitionKind as K
 from pbs_power.sim.cluster import SimCluster
@@ -42,7 +44,8 @@ def creds(tmp_path) -> Path:
 def opts(creds: Path, bmcs, **extra) -> dict:
     """Backend options for these simulated BMCs (generous timeouts: a loaded CI machine)."""
     out = {"credentials_file": str(creds), "bmcs": {b.name: b.address for b in bmcs},
-           "timeout": 2, "retries": 2, "call_timeout": 30}
+           "timeout": 2, "retries": 2, "call_timeout": 30,
+           "cipher_suite": 3}  # ipmi_sim offers suites 0-3 only; the default is 17
     out.update(extra)
     return out
 
@@ -97,6 +100,38 @@ def test_power_round_trip_soft_off_then_on(sims, creds, tmp_path):
     bmcs[3].set_power(False)                   # switched off by hand: status reads it live
     assert backend.status(["node004"], 0)["node004"].state is OFF
     assert backend.last_errors == {}
+
+
+def test_hosts_already_there_get_no_command(sims, creds, tmp_path):
+    bmcs = [sims.start("node001", power_on=False), sims.start("node002")]
+    backend = get_backend(BackendConfig("ipmi", opts(creds, bmcs)), str(tmp_path))
+    off = backend.request(K.POWER_OFF, ["node001"], 0)["node001"]
+    on = backend.request(K.POWER_ON, ["node002"], 0)["node002"]
+    assert off.ok and off.diag.endswith("already off") and on.ok and on.diag.endswith("already on")
+    assert bmcs[0].chassis_log() == [] and bmcs[1].chassis_log() == []
+
+
+def test_a_soft_off_the_os_ignores_becomes_a_hard_off_after_the_timeout(sims, creds, tmp_path):
+    bmcs = start(sims, 2)
+    for bmc in bmcs:
+        bmc.ignore_soft_off()
+    backend = get_backend(BackendConfig("ipmi", opts(creds, bmcs, soft_off_timeout=60)),
+                          str(tmp_path / "state"))
+    sent = backend.request(K.POWER_OFF, ["node001", "node002"], T0)
+    assert all(r.ok and "hard off if still on after 60s" in r.diag for r in sent.values())
+    assert [b.power() for b in bmcs] == ["on", "on"]
+    early = backend.status(["node001", "node002"], T0 + 30)
+    assert {s.state for s in early.values()} == {PowerState.TRANSITIONING}
+    assert bmcs[0].chassis_log() == ["shutdown 1"]           # nothing more yet
+    bmcs[1].set_power(False)                                 # this one did shut down late
+    # a new backend object (a later hook run) reads the soft offs from the state directory
+    later = get_backend(BackendConfig("ipmi", opts(creds, bmcs, soft_off_timeout=60)),
+                        str(tmp_path / "state"))
+    states = later.status(["node001", "node002"], T0 + 61)
+    assert bmcs[0].chassis_log() == ["shutdown 1", "power 0"] and bmcs[0].power() == "off"
+    assert bmcs[1].chassis_log() == ["shutdown 1"]
+    assert states["node002"].state is OFF
+    assert later.status(["node001"], T0 + 62)["node001"].state is OFF
 
 
 def test_hard_power_off_option_sends_chassis_power_off(sims, creds, tmp_path):
@@ -241,6 +276,12 @@ def test_cipher_suite_is_passed_to_the_bmc(sims, creds, tmp_path):
     assert accepted.status(["node001"], 0)["node001"].state is ON
 
 
+def test_cipher_suite_17_is_the_default():
+    assert "-C 17 " in " ".join(IpmiTool(Settings()).argv(Bmc("n1", "10.0.0.7"), ["x"]))
+    parsed = IpmiConfig.parse({"credentials_file": "/etc/creds.json"}, "ipmi")
+    assert parsed.settings.cipher_suite == 17
+
+
 def test_argv_carries_settings_but_never_the_password():
     tool = IpmiTool(Settings(cipher_suite=17, privilege="OPERATOR", timeout=4, retries=3))
     argv = tool.argv(Bmc("n1", "10.0.0.7", 6230, "admin", "s3cret!"), ["chassis", "power",
@@ -304,9 +345,32 @@ def test_bmc_refusing_a_limit_names_the_completion_code(sims, creds):
     devices = IpmiDevices.from_options(opts(creds, [bmc]))
     resp = devices.handle(activate("node001", {"watts": 150}))
     assert not resp.success
-    assert resp.error == ("node001: ipmi %s: BMC refused the command: Power/Thermal limit out "
-                          "of range (completion code 0x84)" % bmc.address)
+    assert resp.error == ("node001: ipmi %s: BMC refused the power limit: power limit 150 W "
+                          "is out of the range this BMC accepts (it enforces a minimum or "
+                          "maximum limit): raise the cap, or set the node's min_watts to the "
+                          "BMC's minimum (DCMI completion code 0x84)" % bmc.address)
     assert bmc.dcmi_state()["active"] == 0 and bmc.dcmi_state()["limit"] == 0
+
+
+def test_set_limit_sends_our_correction_time_and_exception_action(sims, creds):
+    bmc = sims.start("node001", dcmi=True)
+    # the BMC holds "hard power off" and a 0 ms correction time, stored earlier by someone else
+    env = dict(os.environ, IPMI_PASSWORD=PASSWORD)
+    subprocess.run(["ipmitool", "-I", "lanplus", "-H", "127.0.0.1", "-p", str(bmc.port), "-U",
+                    USERNAME, "-E", "-C", "3", "-N", "2", "-R", "2", "raw", "0x2c", "0x04",
+                    "0xdc", "0", "0", "0", "0x01", "0x2c", "0x01", "0", "0", "0", "0", "0", "0",
+                    "1", "0"], env=env, check=True, timeout=60,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert (bmc.dcmi_state()["action"], bmc.dcmi_state()["correction"]) == (0x01, 0)
+    devices = IpmiDevices.from_options(opts(creds, [bmc], dcmi_correction_ms=6000))
+    resp = devices.handle(activate("node001", {"watts": 600}))
+    assert resp.success, resp.error
+    held = bmc.dcmi_state()
+    assert (held["active"], held["limit"], held["correction"], held["action"]) == \
+        (1, 600, 6000, 0x11)                                   # log event only, our time
+    hard = IpmiDevices.from_options(opts(creds, [bmc], dcmi_exception_action="none"))
+    assert hard.handle(activate("node001", {"watts": 500})).success
+    assert bmc.dcmi_state()["action"] == 0x00 and bmc.dcmi_state()["correction"] == 1000
 
 
 def test_gpu_caps_are_refused_but_the_node_cap_applies(sims, creds):

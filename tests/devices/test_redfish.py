@@ -253,7 +253,11 @@ def test_cap_set_read_back_clamp_and_refuse(lab, style):
     uncap = devices.handle(DeviceRequest("g1", "resource_group_deactivate",
                                          {"resource_group": "rg_1", "policy": None},
                                          model(), None, "r9", 20))
-    assert uncap.success and uncap.power_cap_watts == 800.0  # node max 1000, BMC max 800
+    assert uncap.success and uncap.power_cap_watts is None  # lifted: no limit, not the max
+    lifted = devices.ping(["g1"])["g1"]
+    assert lifted.cap_watts is None and lifted.error == "uncapped: %s: %s" % (described, (
+        "no limit set (LimitInWatts null)" if style == "power"
+        else "capping disabled (ControlMode Disabled, SetPoint 800 W)"))
 
 
 def test_cap_resource_choice_when_both_are_offered(lab):
@@ -279,11 +283,12 @@ def test_controls_only_chassis_and_a_forced_cap_resource(lab):
     assert (found["k1"].cap_resource, found["k1"].cap_watts, found["k1"].cap_range) == \
         ("Controls PowerLimit SetPoint", 650.0, (100.0, 700.0))
     assert found["k2"].reachable and found["k2"].cap_watts is None
-    assert found["k2"].error.startswith("cap not readable: k2: redfish %s: chassis " % emu.url)
-    assert found["k2"].error.endswith(" offers no power limit (Controls)")
+    assert found["k2"].error.startswith("uncapped: k2: redfish %s: no power limit resource at "
+                                        "chassis " % emu.url)
+    assert found["k2"].error.endswith(" (no Controls)")
     assert forced.handle(cap_request("k1", 420)).power_cap_watts == 420.0
     env = lab.track(RedfishDevices(lab.options(emu, systems, cap_resource="EnvironmentMetrics")))
-    assert env.ping(["k1"])["k1"].error.endswith(" offers no power limit (EnvironmentMetrics)")
+    assert env.ping(["k1"])["k1"].error.endswith(" (no EnvironmentMetrics)")
 
 
 @pytest.mark.parametrize("style, described", [
@@ -298,7 +303,8 @@ def test_a_disabled_control_is_no_cap_until_a_cap_is_set(lab, style, described):
     devices = lab.track(RedfishDevices(lab.options(emu, systems)))
     found = devices.ping(["d1"])["d1"]
     assert found.reachable and found.cap_watts is None
-    assert found.error == "%s: ControlMode Disabled: SetPoint 500 W not enforced" % described
+    assert found.error == ("uncapped: %s: capping disabled (ControlMode Disabled, SetPoint "
+                           "500 W)" % described)
     got = devices.handle(cap_request("d1", 420))
     assert got.success and got.power_cap_watts == 420.0
     assert json.loads(got.device_state_json)["note"] == ("ControlMode was Disabled; set to "

@@ -10,7 +10,8 @@ dir. Chassis power is handled by ``chassis_control``: ipmi_sim runs
 state in ``power`` and appends every set to ``chassis.log``, so that power
 commands really change what ``chassis power status`` reports and tests can
 see which command a BMC received. A soft off takes effect at once (no OS
-here to shut down). With ``dcmi=True`` the BMC also loads
+here to shut down), unless `SimBmc.ignore_soft_off` made the host one whose
+OS ignores it. With ``dcmi=True`` the BMC also loads
 ``ipmi_sim_dcmi.so`` (built from ``ipmi_sim_dcmi.c`` by `build_dcmi_plugin`),
 which adds DCMI power limiting that plain ipmi_sim lacks and writes the limit
 it holds to ``dcmi.state``. `SimFleet.stop` kills every process by its PID.
@@ -49,7 +50,8 @@ set)
         echo "$1 $2" >> "$log"
         case "$1" in
         power) if [ "$2" = 1 ]; then echo on > "$power"; else echo off > "$power"; fi ;;
-        shutdown) if [ "$2" = 1 ]; then echo off > "$power"; fi ;;
+        shutdown) if [ "$2" = 1 ] && [ ! -e "$power.ignore-soft" ]; then
+                      echo off > "$power"; fi ;;
         esac
         shift 2
     done ;;
@@ -153,6 +155,10 @@ class SimBmc:
     def set_power(self, on: bool) -> None:
         """Change the power state behind the BMC's back (a host switched by hand)."""
         self.power_file.write_text("on\n" if on else "off\n")
+
+    def ignore_soft_off(self) -> None:
+        """From now on a soft off is logged and ignored (an OS that does not shut down)."""
+        (self.directory / "power.ignore-soft").write_text("")
 
     def chassis_log(self) -> List[str]:
         """Every ``set`` the BMC passed to its chassis script, e.g. ``shutdown 1``."""

@@ -82,9 +82,12 @@ class PowerLimits:
             return redfish_error(400, "The value %r for the property ControlMode is not in the "
                                  "list of acceptable values." % (mode,),
                                  "Base.1.0.PropertyValueNotInList")
-        if watts is None and mode is not None:
+        if watts is None:  # null: no limit (DMTF Power: "null disables power capping")
             with self._lock:
-                self.caps[chassis]["mode"] = mode
+                if mode is None:
+                    self.caps[chassis]["limit"] = None
+                else:
+                    self.caps[chassis]["mode"] = mode
             return None
         if isinstance(watts, bool) or not isinstance(watts, (int, float)):
             return redfish_error(400, "The value %r for the power limit is of a different type "
@@ -168,7 +171,8 @@ def _reading(app: flask.Flask, chassis: str, cap: Dict[str, Any]) -> float:
         on = bool(systems) and app.systems.get_power_state(systems[0]) == "On"
     except Exception:
         on = False
-    return round(min(cap["limit"], 0.6 * cap["max"]), 1) if on else 8.0
+    limit = cap["max"] if cap["limit"] is None else cap["limit"]
+    return round(min(limit, 0.6 * cap["max"]), 1) if on else 8.0
 
 
 def _add_power_routes(app: flask.Flask, limits: PowerLimits) -> None:

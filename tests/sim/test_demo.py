@@ -27,3 +27,18 @@ def test_demo_cli_rejects_bad_config(tmp_path, capsys):
     bad.write_text('{"node_idle_limt": 5}')
     assert main(["demo", "--config", str(bad)]) == 2
     assert "did you mean 'node_idle_limit'" in capsys.readouterr().err
+
+
+def test_demo_counts_hosts_going_down_apart_from_hosts_coming_up():
+    import re
+    lines = []
+    run_demo(hosts=16, hours=8, seed=3, out=lines.append)
+    assert "max_ramp_watts_per_minute" in lines[1]
+    rows = [re.search(r"booting +(\d+) shutting down +(\d+)", line) for line in lines]
+    rows = [(int(m.group(1)), int(m.group(2))) for m in rows if m]
+    assert rows and any(down > 0 for _, down in rows)
+    for line in lines:
+        m = re.search(r"busy +(\d+) idle +(\d+) asleep/off +(\d+) booting +(\d+) "
+                      r"shutting down +(\d+)", line)
+        if m:
+            assert sum(int(g) for g in m.groups()) == 16, line

@@ -111,6 +111,9 @@ def wrapper_script(directory: Path, name: str, program: Optional[str],
              '. "%s/bin/hook-env"' % directory, '. "%s/bin/log-hook"' % directory]
     lines += ["export %s=%s" % (k, _quote(v)) for k, v in env.items()]
     if program:
+        # the program gets SLURM_CONF only if slurmctld gave it one (hook-env sets it
+        # for the test's own scripts): PrologSlurmctld, for one, gets none
+        lines.append('case "$HOOK_ORIG_ENV" in *SLURM_CONF=*) ;; *) unset SLURM_CONF ;; esac')
         lines.append('exec %s "$@"' % _quote(program))
     elif name in ("suspend", "resume"):
         lines.append('exec </dev/null >>"%s/log/hooks/%s.out" 2>&1   # fds 0-2 arrive closed'

@@ -1,4 +1,4 @@
-"""The Slurm test-cluster harness itself, on a real Slurm 22.05: starts, runs jobs, stops clean."""
+"""The Slurm test-cluster harness itself, on each real Slurm: starts, runs jobs, stops clean."""
 from __future__ import annotations
 
 import pytest
@@ -8,8 +8,8 @@ from slurm_cluster import alive, requires_slurm, running_cluster
 pytestmark = [pytest.mark.slurm, requires_slurm]
 
 
-def test_cluster_runs_a_job_and_stop_leaves_no_process(tmp_path):
-    with running_cluster(tmp_path / "c", num_nodes=2) as cluster:
+def test_cluster_runs_a_job_and_stop_leaves_no_process(tmp_path, slurm_install):
+    with running_cluster(tmp_path / "c", num_nodes=2, install=slurm_install) as cluster:
         states = cluster.node_states()
         assert states == {"node1": "idle", "node2": "idle~"}
         pids = [cluster.slurmd_pid("node1")]

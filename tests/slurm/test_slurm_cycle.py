@@ -1,4 +1,4 @@
-"""`pbs-power slurm install` and `pbs-power slurm cycle` on a real Slurm 22.05 cluster.
+"""`pbs-power slurm install`, `check` and `cycle` on real Slurm clusters (22.05, 24.11).
 
 The cluster's slurm.conf takes its programs, timeouts and rates from the
 lines `pbs-power slurm install --program-dir` prints (the wrappers it writes
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,21 +21,20 @@ from slurm_cluster import SlurmCluster, requires_slurm
 
 pytestmark = [pytest.mark.slurm, requires_slurm]
 
-BIN = Path(sys.executable).parent
 
-
-def install_lines(config: Path, program_dir: Path) -> dict:
-    """slurm.conf settings printed by `pbs-power slurm install`."""
-    out = subprocess.run([str(BIN / "pbs-power"), "slurm", "install", "--config", str(config),
-                          "--program-dir", str(program_dir)], stdout=subprocess.PIPE,
-                         universal_newlines=True, timeout=60, check=True).stdout
+def install_lines(install, config: Path, program_dir: Path) -> dict:
+    """slurm.conf settings printed by `pbs-power slurm install` (run where Slurm runs)."""
+    argv = install.argv([str(install.program_bin / "pbs-power"), "slurm", "install",
+                         "--config", str(config), "--program-dir", str(program_dir)])
+    out = subprocess.run(argv, stdout=subprocess.PIPE, universal_newlines=True, timeout=60,
+                         check=True).stdout
     conf = out.split("# --- plugstack.conf")[0]
     return dict(line.split("=", 1) for line in conf.splitlines()
                 if line and not line.startswith("#"))
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, slurm_install):
     base = tmp_path_factory.mktemp("slurm-cycle")
     site = SlurmCluster(base / "cluster").power_site_cmd     # where start() will write it
     doc = {"power_on_off_enable": True, "max_concurrent_nodes": 2, "node_idle_limit": 300,
@@ -47,7 +45,7 @@ def cluster(tmp_path_factory):
                              "timeout_seconds": 60}}
     config = base / "hook.json"
     config.write_text(json.dumps(doc))
-    conf = install_lines(config, base / "programs")
+    conf = install_lines(slurm_install, config, base / "programs")
     assert conf["SuspendExcNodes"] == "node1" and conf["ResumeRate"] == "2"
     c = SlurmCluster(base / "cluster", num_nodes=3,
                      suspend_program=conf["SuspendProgram"], resume_program=conf["ResumeProgram"],
@@ -57,7 +55,8 @@ def cluster(tmp_path_factory):
                      suspend_time=int(conf["SuspendTime"]),
                      suspend_timeout=int(conf["SuspendTimeout"]),
                      resume_timeout=int(conf["ResumeTimeout"]),
-                     suspend_rate=int(conf["SuspendRate"]), resume_rate=int(conf["ResumeRate"]))
+                     suspend_rate=int(conf["SuspendRate"]), resume_rate=int(conf["ResumeRate"]),
+                     install=slurm_install)
     c.hook_config, c.doc, c.base = config, doc, base
     c.start()
     yield c
@@ -65,7 +64,8 @@ def cluster(tmp_path_factory):
 
 
 def cycle(cluster, *extra: str, config: Path = None) -> subprocess.CompletedProcess:
-    return cluster.run(str(BIN / "pbs-power"), "slurm", "cycle", "--client", "cli",
+    return cluster.run(str(cluster.install.program_bin / "pbs-power"), "slurm", "cycle",
+                       "--client", "cli",
                        "--config", str(config or cluster.hook_config), *extra, timeout=120)
 
 
@@ -143,3 +143,29 @@ def test_cycle_powers_down_idle_node_through_slurm(cluster):
     assert eventually(lambda: len(durations(cluster, "node2", "power_off")) == 2)  # start, now
     with store(cluster) as s:
         assert s.transitions() == ()
+
+
+def test_check_says_which_command_reads_the_nodes(cluster):
+    out = cluster.run(str(cluster.install.program_bin / "pbs-power"), "slurm", "check").stdout
+    lines = out.splitlines()
+    source = "scontrol --json show node" if cluster.install.version_at_least(23, 2) \
+        else "sinfo --json"
+    assert lines[0].startswith("Slurm %s." % cluster.install.version)
+    assert lines[0].endswith("; nodes read with %s" % source)
+    assert "pyslurm not used: pyslurm is not installed" in lines
+    assert "nodes: 3 (cli)" in lines
+    assert "power settings: ResumeTimeout=%d SuspendTimeout=%d SuspendExcNodes=node1 " \
+           "SuspendExcParts=- (cli)" % (cluster.resume_timeout, cluster.suspend_timeout) in lines
+
+
+def test_check_reads_a_reservation_made_on_the_cluster(cluster):
+    # a reservation both releases accept (node3 is idle or powered down, no job on it)
+    cluster.run("scontrol", "create", "reservation", "reservationname=maint",
+                "nodes=node3", "starttime=now+1hour", "duration=60", "users=root",
+                "flags=IGNORE_JOBS")
+    try:
+        out = cluster.run(str(cluster.install.program_bin / "pbs-power"), "slurm", "check",
+                          "--client", "cli").stdout
+    finally:
+        cluster.run("scontrol", "delete", "reservationname=maint")
+    assert "reservations: 1 (cli)" in out.splitlines()

@@ -1,4 +1,4 @@
-"""SuspendProgram / ResumeProgram / ResumeFailProgram on a real Slurm 22.05 cluster.
+"""SuspendProgram / ResumeProgram / ResumeFailProgram on real Slurm clusters (22.05, 24.11).
 
 slurmctld itself runs our console scripts (pbs-power-slurm-suspend/-resume)
 with closed fds, no PATH and blocked signals; they power the emulated nodes
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from test_slurm_power_logic import peak_in_flight
 
 pytestmark = [pytest.mark.slurm, requires_slurm]
 
-BIN = Path(sys.executable).parent
 MAX_CONCURRENT = 2
 
 
@@ -42,12 +40,14 @@ def hook_config(path: Path, cluster: SlurmCluster, **extra) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, slurm_install):
     base = tmp_path_factory.mktemp("slurm-power")
+    programs = slurm_install.program_bin
     c = SlurmCluster(base / "cluster", num_nodes=4, suspend_time=5, resume_timeout=40,
-                     suspend_program=str(BIN / "pbs-power-slurm-suspend"),
-                     resume_program=str(BIN / "pbs-power-slurm-resume"),
-                     resume_fail_program=str(BIN / "pbs-power-slurm-resume-fail"))
+                     suspend_program=str(programs / "pbs-power-slurm-suspend"),
+                     resume_program=str(programs / "pbs-power-slurm-resume"),
+                     resume_fail_program=str(programs / "pbs-power-slurm-resume-fail"),
+                     install=slurm_install)
     config = hook_config(base / "hook.json", c)
     c.program_env = {"PBS_POWER_CONFIG": str(config)}
     c.state_dir = base / "pbs-state"
@@ -121,7 +121,8 @@ def run_program(cluster, name: str, hostlist: str) -> int:
     """Run one of our programs the way slurmctld does: fds 0-2 closed, only SLURM_CONF."""
     env = {"SLURM_CONF": str(cluster.conf_path)}
     env.update(cluster.program_env)
-    return subprocess.run([str(BIN / name), hostlist], env=env, timeout=120,
+    argv = cluster.install.argv([str(cluster.install.program_bin / name), hostlist])
+    return subprocess.run(argv, env=env, timeout=120,
                           preexec_fn=lambda: [os.close(fd) for fd in (0, 1, 2)]).returncode
 
 

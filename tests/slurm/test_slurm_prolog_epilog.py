@@ -1,4 +1,4 @@
-"""Job power policies on a real Slurm 22.05 cluster: our prolog, epilog and SPANK plugin.
+"""Job power policies on real Slurm clusters (22.05, 24.11): our prolog, epilog, SPANK plugin.
 
 slurmctld runs the installed ``pbs-power-slurm-prolog`` / ``-epilog`` (fds
 0-2 closed, no PATH, signals blocked); the SPANK plugin is built from
@@ -19,14 +19,18 @@ from pathlib import Path
 
 import pytest
 
+from pbs_power.config.hook_config import load_config
 from pbs_power.groups.service import ResourceGroupService
+from pbs_power.slurm.install import plan_install, write_wrappers
 from slurm_cluster import SlurmCluster, requires_slurm
 from slurm_jobs_setup import FAST_DEVICES, make_state, node_caps, write_config
 
 pytestmark = [pytest.mark.slurm, requires_slurm]
 
-REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+#: The signals slurmctld blocks in the programs it runs (/proc's SigBlk), as measured.
+BLOCKED_SIGNALS = {"22.05": "0000000000887a27",   # HUP INT QUIT ABRT USR1 USR2 PIPE ALRM TERM ...
+                   "24.11": "0000000000000002"}   # INT only
 HOLD = "#!/bin/sh\ni=0\nwhile [ ! -e %s ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done\n"
 TIME_IN_LINE = re.compile(r"job (\d+) (prolog|epilog): .* \((\d+\.\d+) s\)$")
 
@@ -34,7 +38,7 @@ TIME_IN_LINE = re.compile(r"job (\d+) (prolog|epilog): .* \((\d+\.\d+) s\)$")
 class Site:
     """The cluster plus our state dir, hook config and log, for one test module."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, install):
         self.base = base
         self.state = base / "state"
         self.log = base / "pbs_power-slurm.log"
@@ -44,16 +48,23 @@ class Site:
         self.set_policies()
         plugin_dir = base / "plugin"
         plugin_dir.mkdir()
-        subprocess.run(["make", "-s", "-C", str(REPO / "slurm_spank"), "OUT=%s" % plugin_dir,
-                        "CFLAGS=-O2 -Werror"],
+        # built where Slurm runs, against that Slurm's <slurm/spank.h>
+        subprocess.run(install.argv(["make", "-s", "-C", str(install.repo / "slurm_spank"),
+                                     "OUT=%s" % plugin_dir, "CFLAGS=-O2 -Werror"]),
                        check=True, timeout=120, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # the programs as a site gets them: the wrappers `slurm install --program-dir`
+        # writes (they set only PBS_POWER_CONFIG), run with what slurmctld gives them
+        plan = plan_install(load_config(str(self.config)), str(self.config),
+                            bin_dir=str(install.program_bin), program_dir=str(base / "programs"))
+        write_wrappers(plan)
+        programs = dict(line.split("=", 1) for line in plan.slurm_conf if "=" in line)
         self.cluster = SlurmCluster(
             base / "cluster", num_nodes=4, power_down_at_start=False, suspend_time=3600,
-            cred_expire=5, prolog_slurmctld=str(BIN / "pbs-power-slurm-prolog"),
-            epilog_slurmctld=str(BIN / "pbs-power-slurm-epilog"),
+            cred_expire=5, prolog_slurmctld=programs["PrologSlurmctld"],
+            epilog_slurmctld=programs["EpilogSlurmctld"],
             plugstack_lines=["optional %s" % (plugin_dir / "power_policy.so")],
             extra_conf=["PartitionName=gpu Nodes=node[3-4] MaxTime=INFINITE State=UP"],
-            program_env={"PBS_POWER_CONFIG": str(self.config)})
+            install=install)
 
     def set_policies(self, **job_policies) -> None:
         """Rewrite the hook config's job_policies (read by every prolog run)."""
@@ -114,8 +125,8 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    s = Site(tmp_path_factory.mktemp("slurm-jobs"))
+def site(tmp_path_factory, slurm_install):
+    s = Site(tmp_path_factory.mktemp("slurm-jobs"), slurm_install)
     s.cluster.start()
     try:
         yield s
@@ -172,7 +183,8 @@ def test_policies_from_option_comment_partition_and_topology(site):
     assert "requested by --power-policy" in site.wait_line(r"job %d prolog" % option)
     # slurmctld ran them as in production: signals blocked, no PATH
     hook_log = c.hook_log("prolog_slurmctld")
-    assert "SigBlk:0000000000887a27" in hook_log and "\nPATH=" not in hook_log
+    assert "SigBlk:%s" % BLOCKED_SIGNALS[c.install.version] in hook_log
+    assert "\nPATH=" not in hook_log
 
 
 def test_group_left_by_a_missed_epilog_is_deleted_by_the_next_prolog(site):

@@ -2,12 +2,18 @@
 
 `IpmiPowerBackend` (``power_backend.type = "ipmi"``) powers hosts on
 (``chassis power on``) and off (``chassis power soft``, the ACPI shutdown
-request, or ``off`` with ``"power_off": "hard"``) and reports chassis power
+request, or ``off`` with ``"power_off": "hard"``), after reading the chassis
+power (a host already there is left alone: some BMCs refuse a soft off of a
+host that is off with 0xD5). A soft off is remembered in
+``<state_dir>/ipmi_soft_off.json``; a later ``status`` that finds the host
+still on ``soft_off_timeout`` seconds after it sends ``chassis power off``.
+It reports chassis power
 as ON or OFF (UNKNOWN when the BMC does not answer; the last diagnostic per
 host is kept in ``last_errors``). IPMI has no sleep state: SLEEP and WAKE are
 refused per host. `IpmiDevices` (device backend ``"ipmi"``) applies the NODE
 power limit of resource-group and topology policies as a DCMI power limit
-(``dcmi power set_limit limit W`` + ``activate``; ``deactivate`` when the node
+(one Set Power Limit with our correction time and exception action, then
+``dcmi power activate``; ``deactivate`` when the node
 goes back to uncapped). A BMC without DCMI power limiting fails the request
 with a one-line diagnostic, except when the node is to run uncapped (nothing
 to lift). GPU caps are not set over IPMI: GPUs a request names fail (use a
@@ -15,44 +21,34 @@ GPU backend for them). Both classes offer ``probe(hosts)`` (see `Probe`) for
 health checks; the power backend also answers ``pbs-power devices check``
 (``check(host)``). All BMC calls go through `pbs_power.devices.ipmi.ipmitool`.
 
-Options (both backends, one mapping):
-
-* ``credentials_file`` (required, absolute path): JSON credentials, mode
-  0600, see `pbs_power.devices.credentials` (per-host overrides allowed).
-* ``bmcs``: host -> ``"address"`` or ``"address:port"`` (``"[v6]:port"``);
-  ``bmc_template``: address for hosts not in ``bmcs``, ``{host}`` replaced by
-  the host name (e.g. ``"{host}-ipmi"``); ``port`` (623).
-* ``interface`` (``lanplus``; ``lan`` is IPMI 1.5), ``cipher_suite`` (3;
-  a suite the BMC lacks costs seconds per call, so set the one it offers),
-  ``privilege`` (ipmitool's default, ADMINISTRATOR), ``timeout`` (2: ipmitool
-  ``-N`` seconds), ``retries`` (1: ``-R``, >= 1), ``call_timeout`` (30:
-  seconds before one ipmitool run is killed), ``ipmitool`` (program path),
-  ``max_workers`` (32: BMCs called at once), ``power_off`` (``soft`` or
-  ``hard``; power backend only).
+Options: see `pbs_power.devices.ipmi.options`.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
-import re
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from pbs_power.states.model import PowerState, TransitionKind, evolve
+from pbs_power._records import evolve
+from pbs_power.states.model import PowerState, TransitionKind
 from pbs_power.devices.base import BackendError, HostPower, PowerBackend, Result
-from pbs_power.devices.controller import DeviceBackend, DeviceRequest, DeviceResponse, GPUPolicyResult, failure
+from pbs_power.devices.controller import (DeviceBackend, DeviceRequest, DeviceResponse,
+                                          GPUPolicyResult, failure)
 from pbs_power.devices.credentials import load_credentials
-from .ipmitool import INTERFACES, PRIVILEGES, Bmc, IpmiTool, Settings
+from pbs_power.devices.pending_off import PendingOffLog
 from pbs_power.devices.simulated_devices import DeviceModel, DeviceState, apply_request
+from .ipmitool import Bmc, IpmiTool
+from .options import ADDRESS, IpmiConfig
 
-OPTIONS = ("credentials_file", "bmcs", "bmc_template", "port", "interface", "cipher_suite",
-           "privilege", "timeout", "retries", "call_timeout", "ipmitool", "max_workers",
-           "power_off")
+LOG = logging.getLogger(__name__)
+SOFT_OFF_FILE = "ipmi_soft_off.json"
+
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # a device request that carries no timeout
-_ADDRESS = re.compile(r"^[A-Za-z0-9_.:%-]+$")
 T = TypeVar("T")
 
 
@@ -76,50 +72,6 @@ class Probe:
         return out
 
 
-@dataclass(frozen=True)
-class IpmiConfig:
-    """Parsed options: how to reach each host's BMC and how to talk to it."""
-
-    settings: Settings
-    credentials_file: str
-    bmcs: Mapping[str, Tuple[str, int]]
-    bmc_template: Optional[str] = None
-    port: int = 623
-    max_workers: int = 32
-    power_off: str = "soft"
-
-    @classmethod
-    def parse(cls, options: Optional[Mapping[str, Any]], who: str) -> "IpmiConfig":
-        """Check every option; BackendError names the bad one (``who`` says which backend)."""
-        if options is None:
-            options = {}
-        if not isinstance(options, Mapping):
-            raise BackendError("%s: options must be an object, not %s"
-                               % (who, type(options).__name__))
-        bad = sorted(set(options) - set(OPTIONS), key=str)
-        if bad:
-            raise BackendError("%s: unknown option(s) %s (known: %s)"
-                               % (who, ", ".join(map(repr, bad)), ", ".join(OPTIONS)))
-        o = dict(options)
-        port = _integer(who, "port", o.get("port", 623), 1, 65535)
-        path = o.get("credentials_file")
-        if not isinstance(path, str) or not os.path.isabs(path):
-            raise BackendError("%s: option credentials_file must be the absolute path of a "
-                               "JSON credentials file (mode 0600), not %r" % (who, path))
-        settings = Settings(
-            interface=_choice(who, "interface", o.get("interface", "lanplus"), INTERFACES),
-            cipher_suite=_integer(who, "cipher_suite", o.get("cipher_suite", 3), 0, 255),
-            privilege=_privilege(who, o.get("privilege")),
-            timeout=_integer(who, "timeout", o.get("timeout", 2), 1, 3600),
-            retries=_integer(who, "retries", o.get("retries", 1), 1, 100),
-            call_timeout=_seconds(who, "call_timeout", o.get("call_timeout", 30)),
-            ipmitool=_program(who, o.get("ipmitool", "ipmitool")))
-        return cls(settings, path, _bmc_map(who, o.get("bmcs", {}), port),
-                   _template(who, o.get("bmc_template")), port,
-                   _integer(who, "max_workers", o.get("max_workers", 32), 1, 4096),
-                   _choice(who, "power_off", o.get("power_off", "soft"), ("soft", "hard")))
-
-
 class IpmiFleet:
     """The BMCs of many hosts, called concurrently; shared by both backends."""
 
@@ -137,7 +89,7 @@ class IpmiFleet:
             address, port = self.config.bmcs[host]
         elif self.config.bmc_template is not None:
             address, port = self.config.bmc_template.replace("{host}", host), self.config.port
-            if not _ADDRESS.match(address) or address.startswith("-"):
+            if not ADDRESS.match(address) or address.startswith("-"):
                 return None, "ipmi: bmc_template gives %r, not a BMC address" % address
         else:
             return None, "ipmi: no BMC address (host not in option bmcs, no bmc_template)"
@@ -195,6 +147,12 @@ class IpmiPowerBackend(PowerBackend):
     def __init__(self, options: Optional[Mapping[str, Any]], state_dir: str) -> None:
         self.fleet = IpmiFleet(IpmiConfig.parse(options, "power backend 'ipmi'"))
         self.last_errors: Dict[str, str] = {}
+        try:
+            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise BackendError("power backend 'ipmi': cannot create state directory %s (%s)"
+                               % (state_dir, exc.strerror)) from None
+        self.soft_offs = PendingOffLog(os.path.join(state_dir, SOFT_OFF_FILE), "ipmi")
 
     def request(self, kind: TransitionKind, hosts: Sequence[str],
                 now: float) -> Dict[str, Result]:
@@ -204,16 +162,28 @@ class IpmiPowerBackend(PowerBackend):
             diag = ("ipmi: IPMI has no sleep state, so %s is not possible; use power on/off "
                     "(power_ramp_rate_enable false)" % kind.value)
             return {host: Result(False, diag) for host in hosts}
-        action = "on" if kind is TransitionKind.POWER_ON else (
-            "soft" if self.fleet.config.power_off == "soft" else "off")
+        up = kind is TransitionKind.POWER_ON
+        action = "on" if up else ("soft" if self.fleet.config.power_off == "soft" else "off")
+        want = PowerState.ON if up else PowerState.OFF
+        soft: List[str] = []
 
         def send(bmc: Bmc) -> Result:
+            now_state, _answer = self.fleet.tool.power_state(bmc)
+            if now_state is want:
+                return Result(True, "%s: already %s" % (bmc.label, want.value))
             answer = self.fleet.tool.chassis(bmc, action)
             if answer.ok:
-                return Result(True, "%s: chassis power %s sent" % (bmc.label, action))
+                note = ""
+                if action == "soft":
+                    soft.append(bmc.host)
+                    note = " (hard off if still on after %gs)" % self.fleet.config.soft_off_timeout
+                return Result(True, "%s: chassis power %s sent%s" % (bmc.label, action, note))
             return Result(False, "%s: chassis power %s failed: %s"
                           % (bmc.label, action, answer.diag))
-        return self.fleet.each(hosts, send, lambda host, why: Result(False, why))
+        results = self.fleet.each(hosts, send, lambda host, why: Result(False, why))
+        done = [h for h, r in results.items() if r.ok and h not in soft]
+        self.soft_offs.update({h: now for h in soft}, done)
+        return results
 
     def status(self, hosts: Sequence[str], now: float) -> Dict[str, HostPower]:
         """Chassis power of every host (UNKNOWN, with ``last_errors[host]``, on failure)."""
@@ -223,14 +193,36 @@ class IpmiPowerBackend(PowerBackend):
                                                           _line(bmc, answer.diag))
         found = self.fleet.each(hosts, ask, lambda host, why: (PowerState.UNKNOWN,
                                                                "%s: %s" % (host, why)))
+        pending = self.soft_offs.load()
         out: Dict[str, HostPower] = {}
+        drop = []
         for host, (state, error) in found.items():
+            if host in pending and state is PowerState.OFF:
+                drop.append(host)
+            elif host in pending and state is PowerState.ON:
+                state = PowerState.TRANSITIONING  # the OS is shutting down
+                waited = now - pending[host]
+                if waited >= self.fleet.config.soft_off_timeout and self._hard_off(host, waited):
+                    drop.append(host)
             out[host] = HostPower(state, None)
             if error:
                 self.last_errors[host] = error
             else:
                 self.last_errors.pop(host, None)
+        self.soft_offs.update({}, drop)
         return out
+
+    def _hard_off(self, host: str, waited: float) -> bool:
+        """``chassis power off`` for a host a soft off did not bring down; whether it went."""
+        bmc, why = self.fleet.bmc(host)
+        answer = self.fleet.tool.chassis(bmc, "off") if bmc is not None else None
+        if bmc is None or not answer.ok:
+            LOG.error("%s: hard off after soft off failed: %s", host,
+                      why if bmc is None else _line(bmc, answer.diag))
+            return False
+        LOG.warning("%s: still on %.0fs after chassis power soft (soft_off_timeout=%g); "
+                    "chassis power off sent", host, waited, self.fleet.config.soft_off_timeout)
+        return True
 
     def probe(self, hosts: Sequence[str]) -> Dict[str, Probe]:
         """Reachability, chassis power, DCMI cap and latency of every host's BMC."""
@@ -322,7 +314,9 @@ class IpmiDevices(DeviceBackend):
             ok = answer.ok or answer.reason == "unsupported"  # no limiting: already uncapped
         else:
             applied = float(math.floor(target))
-            answer = self.fleet.tool.set_limit(bmc, int(applied), deadline)
+            c = self.fleet.config
+            answer = self.fleet.tool.set_limit(bmc, int(applied), deadline,
+                                               c.dcmi_correction_ms, c.dcmi_exception_action)
             ok = answer.ok
         if not ok:
             return failure(request, _line(bmc, answer.diag), device_state_json=state.to_json())
@@ -365,76 +359,3 @@ def _left(deadline: Optional[float]) -> Optional[float]:
     return None if deadline is None else deadline - time.monotonic()
 
 
-# -- option checks ---------------------------------------------------------------
-def _integer(who: str, name: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BackendError("%s: option %s must be an integer from %d to %d, not %r"
-                           % (who, name, low, high, value))
-    return value
-
-
-def _seconds(who: str, name: str, value: Any) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (ok and math.isfinite(value) and value > 0):
-        raise BackendError("%s: option %s must be a number of seconds > 0, not %r"
-                           % (who, name, value))
-    return float(value)
-
-
-def _choice(who: str, name: str, value: Any, allowed: Sequence[str]) -> str:
-    if value not in allowed:
-        raise BackendError("%s: option %s must be one of %s, not %r"
-                           % (who, name, ", ".join(allowed), value))
-    return value
-
-
-def _privilege(who: str, value: Any) -> Optional[str]:
-    if value is None:
-        return None
-    if value not in PRIVILEGES:
-        raise BackendError("%s: option privilege must be one of %s, not %r"
-                           % (who, ", ".join(PRIVILEGES), value))
-    return value
-
-
-def _program(who: str, value: Any) -> str:
-    if not isinstance(value, str) or not value or value.startswith("-"):
-        raise BackendError("%s: option ipmitool must be a program name or path, not %r"
-                           % (who, value))
-    return value
-
-
-def _template(who: str, value: Any) -> Optional[str]:
-    if value is None:
-        return None
-    if not isinstance(value, str) or "{host}" not in value:
-        raise BackendError("%s: option bmc_template must be a string containing {host}, "
-                           "not %r" % (who, value))
-    return value
-
-
-def _bmc_map(who: str, value: Any, default_port: int) -> Dict[str, Tuple[str, int]]:
-    if not isinstance(value, Mapping):
-        raise BackendError("%s: option bmcs must map host names to \"address[:port]\", not %r"
-                           % (who, value))
-    return {host: _address(who, host, text, default_port) for host, text in value.items()}
-
-
-def _address(who: str, host: Any, text: Any, default_port: int) -> Tuple[str, int]:
-    """(address, port) from ``address``, ``address:port`` or ``[v6]:port``."""
-    bad = BackendError("%s: option bmcs[%r] must be \"address\" or \"address:port\", not %r"
-                       % (who, host, text))
-    if not isinstance(host, str) or not isinstance(text, str) or not text:
-        raise bad
-    address, port = text, default_port
-    match = re.match(r"^\[([0-9A-Fa-f:.%]+)\](?::(\d+))?$", text)
-    if match:
-        address, port = match.group(1), int(match.group(2) or default_port)
-    elif text.count(":") == 1:
-        address, _, digits = text.partition(":")
-        if not digits.isdigit():
-            raise bad
-        port = int(digits)
-    if not _ADDRESS.match(address) or address.startswith("-") or not 1 <= port <= 65535:
-        raise bad
-    return address, port

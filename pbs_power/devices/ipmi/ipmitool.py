@@ -12,6 +12,14 @@ ipmitool's own no-answer time grows with ``-N`` and ``-R`` (measured with
 ipmitool 1.8.19 against a closed port: -N 1 -R 1 gives up after 2 s, -N 2
 -R 1 after 4 s, -N 1 -R 2 after 6 s, -N 3 -R 2 after 14 s; -R 0 means its
 default and takes 20 s, so retries must be >= 1).
+
+A DCMI power limit is set with one raw Set Power Limit carrying every field
+(exception action, limit, correction time, sampling period): ipmitool's
+``dcmi power set_limit`` changes one field and sends back the others as the
+BMC stored them, so a stored "hard power off" action or an out-of-range
+correction time would stay, or make every limit fail. Completion codes the
+DCMI specification gives Set Power Limit (0x84 limit, 0x85 correction time,
+0x89 sampling period out of range) are explained, not just shown.
 """
 from __future__ import annotations
 
@@ -45,6 +53,19 @@ _FAILED_WITH_TEXT = re.compile(r"failed: (.+)$")
 _POWER = re.compile(r"Chassis Power is (on|off)\b")
 _LIMIT_STATE = re.compile(r"Current Limit State:\s*(.+)")
 _LIMIT_WATTS = re.compile(r"Power Limit:\s*(\d+)\s*Watts")
+_LIMIT_SAMPLE = re.compile(r"Sampling period:\s*(\d+)")
+_RAW_FAILED = re.compile(r"Unable to send RAW command \(.*rsp=0x([0-9a-fA-F]{1,2})\)")
+#: DCMI exception actions (Set Power Limit byte 5) by option value.
+EXCEPTION_ACTIONS = {"none": 0x00, "hard_off": 0x01, "log": 0x11}
+#: What Set Power Limit's own completion codes mean (DCMI 1.5, Set Power Limit).
+SET_LIMIT_CODES = {
+    0x84: "power limit %(watts)d W is out of the range this BMC accepts (it enforces a "
+          "minimum or maximum limit): raise the cap, or set the node's min_watts to the "
+          "BMC's minimum",
+    0x85: "correction time %(correction)d ms is out of the range this BMC accepts: set "
+          "option dcmi_correction_ms to one it accepts",
+    0x89: "sampling period %(sample)d s is out of the range this BMC accepts",
+}
 
 
 @dataclass(frozen=True)
@@ -69,7 +90,7 @@ class Settings:
     """How to open IPMI sessions: interface, cipher suite, privilege, timeouts, program."""
 
     interface: str = "lanplus"
-    cipher_suite: int = 3
+    cipher_suite: int = 17
     privilege: Optional[str] = None
     timeout: int = 2
     retries: int = 1
@@ -95,6 +116,7 @@ class LimitReading:
 
     watts: int
     active: bool
+    sample: int = 0        # statistics sampling period (seconds) the BMC holds
 
 
 class IpmiTool:
@@ -162,12 +184,20 @@ class IpmiTool:
         return _read(_dcmi(self.call(bmc, ["dcmi", "power", "get_limit"], timeout)),
                      parse_limit, "dcmi power get_limit")
 
-    def set_limit(self, bmc: Bmc, watts: int, deadline: Optional[float] = None) -> Answer:
-        """Set the DCMI power limit to ``watts`` and activate it (two calls)."""
-        answer = _dcmi(self.call(bmc, ["dcmi", "power", "set_limit", "limit", str(int(watts))],
-                                 _left(deadline)))
+    def set_limit(self, bmc: Bmc, watts: int, deadline: Optional[float] = None,
+                  correction_ms: int = 1000, action: str = "log") -> Answer:
+        """Set the DCMI power limit to ``watts`` with our correction time and exception
+        action (one raw Set Power Limit), and activate it."""
+        reading, _answer = self.get_limit(bmc, _left(deadline))
+        sample = reading.sample if reading is not None and reading.sample > 0 else 1
+        args = ["raw", "0x2c", "0x04", "0xdc", "0x00", "0x00", "0x00",
+                "0x%02x" % EXCEPTION_ACTIONS[action]]
+        args += _bytes(int(watts), 2) + _bytes(int(correction_ms), 4) + ["0x00", "0x00"]
+        args += _bytes(sample, 2)
+        answer = _dcmi(self.call(bmc, args, _left(deadline)))
         if not answer.ok:
-            return answer
+            return _explain(answer, {"watts": int(watts), "correction": int(correction_ms),
+                                     "sample": sample})
         activated = _dcmi(self.call(bmc, ["dcmi", "power", "activate"], _left(deadline)))
         if not activated.ok and activated.code == 0x8A:  # "power limit already active"
             return Answer(True, activated.out, seconds=activated.seconds)
@@ -176,6 +206,21 @@ class IpmiTool:
     def deactivate_limit(self, bmc: Bmc, timeout: Optional[float] = None) -> Answer:
         """Deactivate DCMI power limiting (the node runs uncapped)."""
         return _dcmi(self.call(bmc, ["dcmi", "power", "deactivate"], timeout))
+
+
+def _bytes(value: int, count: int) -> List[str]:
+    """``value`` as ``count`` little-endian bytes in ipmitool raw's ``0x..`` form."""
+    return ["0x%02x" % ((value >> (8 * i)) & 0xFF) for i in range(count)]
+
+
+def _explain(answer: Answer, values: dict) -> Answer:
+    """A refused Set Power Limit with what its completion code means."""
+    text = SET_LIMIT_CODES.get(answer.code or -1)
+    if answer.reason != "refused" or text is None:
+        return answer
+    return Answer(False, answer.out, "BMC refused the power limit: %s (DCMI completion code "
+                  "0x%02x)" % (text % values, answer.code), "refused", answer.code,
+                  answer.seconds)
 
 
 def _left(deadline: Optional[float]) -> Optional[float]:
@@ -226,6 +271,11 @@ def _completion_code(lines: Sequence[str]) -> Tuple[Optional[int], str]:
         match = _DCMI_FAILED.search(line)
         if match:
             return int(match.group(2), 16), match.group(1)
+        match = _RAW_FAILED.search(line)
+        if match:
+            code = int(match.group(1), 16)
+            names = {v: k for k, v in _CODES_BY_TEXT.items()}
+            return code, names.get(code, "completion code 0x%02x" % code)
     for line in lines:
         match = _FAILED_WITH_TEXT.search(line)
         if match and match.group(1).strip().lower() in _CODES_BY_TEXT:
@@ -257,7 +307,9 @@ def parse_limit(text: str) -> Optional[LimitReading]:
     state, watts = _LIMIT_STATE.search(text), _LIMIT_WATTS.search(text)
     if state is None or watts is None:
         return None
-    return LimitReading(int(watts.group(1)), state.group(1).strip() == "Power Limit Active")
+    sample = _LIMIT_SAMPLE.search(text)
+    return LimitReading(int(watts.group(1)), state.group(1).strip() == "Power Limit Active",
+                        int(sample.group(1)) if sample else 0)
 
 
 def parse_power(text: str) -> Optional[PowerState]:

@@ -1,5 +1,7 @@
 """Redfish BMCs over HTTPS: power state, on/off and power caps (`backend`), over one
-session per BMC (`client`), with the caps' resources (`caps`) and resets (`power`).
+session per BMC (`client`) that talks to its configured origin only (`origin`), with
+the caps' resources (`caps`), how caps are set and lifted (`cap_set`), what device
+requests ask (`cap_requests`) and resets (`power`).
 """
 from pbs_power._lazy import exports, names
 

@@ -11,14 +11,17 @@ On top of it:
   host still up ``graceful_timeout_seconds`` after it sends ForceOff.
 * `RedfishDevices` (device backend ``"redfish"``): node power caps for
   resource-group and topology policies (node limit only; GPU limits need the
-  nvml backend), and ``ping``.
+  nvml backend), and ``ping``. What the limit resource held before the first
+  cap is kept in the device state and written back when the cap is lifted.
 
 Both offer ``ping(hosts)`` -> `PingResult` (reachable, power state, cap,
 latency) for health checks, and the fleet offers blocking ``power_on``,
 ``power_off`` (with the ForceOff fallback) and ``wait_for``. Every failure
 is one line per host: ``node012: redfish https://bmc: HTTP 500 on POST
 /redfish/v1/Systems/1/Actions/ComputerSystem.Reset: <BMC's message>``.
-Options: see `redfish_options`.
+Options: see `options`. A ping (and ``devices check``) of a node without an
+enforced cap says why; a configuration the BMC's answers leave ambiguous
+(several systems, no ``system_id``) is reported as such, not as unreachable.
 """
 from __future__ import annotations
 
@@ -29,21 +32,24 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar
-from urllib.parse import quote
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from pbs_power.states.model import PowerState, TransitionKind
 from pbs_power.groups.policy import PowerLimit
-from . import caps
-from . import power as rpower
 from pbs_power.devices.base import BackendError, HostPower, PowerBackend, Result
 from pbs_power.devices.controller import DeviceBackend, DeviceRequest, DeviceResponse, failure
 from pbs_power.devices.credentials import Credentials, load_credentials
+from pbs_power.devices.pending_off import PendingOffLog
+from . import cap_requests, caps
+from . import cap_set
+from . import power as rpower
 from .client import ClientSettings, RedfishClient, RedfishError
 from .options import Bmc, RedfishOptions
 
 LOG = logging.getLogger(__name__)
 GRACEFUL_FILE = "redfish_graceful.json"
+#: Device state key of what the limit resource held before the first cap (restored on uncap).
+SAVED_KEY = "bmc_before_cap"
 DEFAULT_TIMEOUT_S = 30.0
 #: Connections kept per BMC: enough for a device fan-out to a BMC serving many systems.
 POOL_PER_BMC = 64
@@ -68,8 +74,8 @@ class PingResult:
         if not self.reachable:
             return "%s: UNREACHABLE: %s" % (self.host, self.error)
         cap = "no cap resource" if not self.cap_resource else "cap %s W (%s-%s W, %s)" % (
-            caps.fmt_watts(self.cap_watts), caps.fmt_watts(self.cap_range[0]), caps.fmt_watts(self.cap_range[1]),
-            self.cap_resource)
+            caps.fmt_watts(self.cap_watts), caps.fmt_watts(self.cap_range[0]),
+            caps.fmt_watts(self.cap_range[1]), self.cap_resource)
         text = "%s: ok, %s, %s, %.0f ms" % (self.host, self.power_state.value, cap,
                                             (self.latency_seconds or 0) * 1000)
         return text + ("; " + self.error if self.error else "")
@@ -153,7 +159,7 @@ class RedfishFleet:
     def read_cap(self, host: str, deadline: Optional[float] = None,
                  view: Optional[rpower.SystemView] = None) -> caps.CapReading:
         """The node's power-limit resource and value (discovered once per host; ``view``:
-        the system, if just read)."""
+        the system, if just read). Every chassis of the system is tried in turn."""
         client, bmc = self.client(host)
         known = self._caps.get(host)
         if known is not None:
@@ -165,36 +171,60 @@ class RedfishFleet:
                 if exc.status != 404:
                     raise
             self._caps.pop(host, None)
-        chassis = self._chassis(host, client, bmc, deadline, view)
-        found = caps.find_cap(client, chassis, self.options.cap_resource, deadline)
-        self._caps[host] = (found.path, found.style)
-        return found
+        why = []
+        for chassis in self._chassis(host, client, bmc, deadline, view):
+            try:
+                found = caps.find_cap(client, chassis, self.options.cap_resource, deadline)
+            except caps.NoCapResource as exc:
+                why.append(str(exc).split(": ", 1)[-1])
+                continue
+            except RedfishError as exc:
+                if exc.status != 404:
+                    raise
+                why.append("chassis %s answers 404" % chassis)
+                continue
+            self._caps[host] = (found.path, found.style)
+            return found
+        raise caps.NoCapResource("%s: %s" % (client.name, "; ".join(why)))
 
     def _chassis(self, host: str, client: RedfishClient, bmc: Bmc, deadline: Optional[float],
-                 view: Optional[rpower.SystemView]) -> str:
+                 view: Optional[rpower.SystemView]) -> List[str]:
+        """The chassis to look for the node's limit in, best first."""
         if bmc.chassis_id:
-            return "/redfish/v1/Chassis/%s" % quote(bmc.chassis_id, safe="")
+            return [rpower.member_path("/redfish/v1/Chassis", bmc.chassis_id)]
         view = view or self.view(host, deadline)
         if view.chassis:
-            return view.chassis[0]
-        members = client.get("/redfish/v1/Chassis", deadline).get("Members") or []
-        if len(members) != 1:
-            raise RedfishError("%s: system %s names no chassis and the BMC has %d; set "
-                               "chassis_id" % (client.name, view.path, len(members)))
-        return members[0]["@odata.id"]
+            return list(view.chassis)
+        members = [m["@odata.id"] for m in client.get("/redfish/v1/Chassis", deadline).get(
+            "Members") or [] if isinstance(m, dict) and isinstance(m.get("@odata.id"), str)]
+        if len(members) == 1:
+            return members
+        ident = view.path.rstrip("/").rsplit("/", 1)[-1]
+        for path in members:  # the chassis that names the system, or shares its id
+            doc = client.get(path, deadline)
+            linked = (doc.get("Links") or {}).get("ComputerSystems") or []
+            if any(isinstance(l, dict) and l.get("@odata.id", "").rstrip("/") ==
+                   view.path.rstrip("/") for l in linked) or doc.get("Id") == ident:
+                return [path]
+        raise rpower.ConfigNeeded("%s: system %s names no chassis (Links.Chassis) and none of "
+                                  "the BMC's %d names it; set chassis_id"
+                                  % (client.name, view.path, len(members)))
 
     def set_cap(self, host: str, limit: Optional[PowerLimit], node_min: Optional[float],
-                node_max: Optional[float], deadline: Optional[float]) -> caps.CapResult:
-        """Apply ``limit`` (None: the highest allowed) and read back what the BMC holds."""
+                node_max: Optional[float], saved: Optional[cap_set.Saved],
+                deadline: Optional[float]) -> cap_set.CapResult:
+        """Apply ``limit`` (None: lift the cap, restoring ``saved``) and read back the result."""
         client, _bmc = self.client(host)
-        cap = self.read_cap(host, deadline)
-        top = node_max if node_max is not None else cap.high
-        if top is None:
-            raise RedfishError("%s: neither the node's max_watts nor the BMC gives a maximum "
-                               "to resolve the limit against" % client.name)
-        watts = top if limit is None else limit.resolve(top)
-        return caps.set_cap(client, cap, watts, self.options.cap_out_of_range, node_min,
-                            node_max, deadline)
+        try:
+            cap = self.read_cap(host, deadline)
+        except caps.NoCapResource as exc:
+            if limit is not None:
+                raise
+            return cap_set.CapResult(None, None, None, "nothing to lift: %s" % exc)
+        if limit is None:
+            return cap_set.uncap(client, cap, saved, node_max, deadline)
+        return cap_set.set_cap(client, cap, limit, self.options.cap_out_of_range, node_min,
+                               node_max, saved, deadline)
 
     # -- health ---------------------------------------------------------------------
     def ping(self, host: str, timeout: Optional[float] = None) -> PingResult:
@@ -206,16 +236,26 @@ class RedfishFleet:
             start = time.monotonic()
             view = self.view(host, deadline)
             latency = time.monotonic() - start
+        except rpower.ConfigNeeded as exc:  # the BMC answered: not "unreachable"
+            return PingResult(host, True, error="configuration: " + diag(host, exc, client))
         except (RedfishError, BackendError) as exc:
             return PingResult(host, False, error=diag(host, exc, client))
         try:
             cap = self.read_cap(host, deadline, view)
+        except caps.NoCapResource as exc:
+            return PingResult(host, True, view.state, latency_seconds=latency,
+                              error="uncapped: " + diag(host, exc))
+        except rpower.ConfigNeeded as exc:
+            return PingResult(host, True, view.state, latency_seconds=latency,
+                              error="cap: configuration: " + diag(host, exc))
         except RedfishError as exc:
             return PingResult(host, True, view.state, latency_seconds=latency,
                               error="cap not readable: " + diag(host, exc, client))
-        note = "" if cap.enforced else "%s: ControlMode %s: SetPoint %s W not enforced" % (
-            cap.describe(), cap.mode, caps.fmt_watts(cap.watts))
-        return PingResult(host, True, view.state, cap.enforced_watts, (cap.low, cap.high),
+        note = "" if cap.enforced else "uncapped: " + cap.why_uncapped()
+        low, high = cap.low, cap.high
+        if cap.units == caps.PERCENT:
+            low = high = None  # percent of a maximum the BMC does not state
+        return PingResult(host, True, view.state, cap.enforced_watts(), (low, high),
                           cap.describe(), latency, note)
 
     def map(self, fn: Callable[[str], T], hosts: Sequence[str]) -> Dict[str, T]:
@@ -235,43 +275,6 @@ class RedfishFleet:
             client.close()
 
 
-class GracefulLog:
-    """Hosts sent GracefulShutdown, and when (caller's clock): survives hook runs."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-
-    def load(self) -> Dict[str, float]:
-        try:
-            with open(self.path) as f:
-                doc = json.load(f)
-            return {str(h): float(t) for h, t in doc.items()}
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            LOG.warning("redfish: %s unreadable (%s); starting afresh", self.path, exc)
-            return {}
-
-    def update(self, add: Mapping[str, float], drop: Sequence[str]) -> None:
-        if not add and not drop:
-            return
-        with self._lock:
-            pending = self.load()
-            pending.update(add)
-            for host in drop:
-                pending.pop(host, None)
-            tmp = "%s.%d.tmp" % (self.path, os.getpid())
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    json.dump(pending, f, sort_keys=True)
-                os.replace(tmp, self.path)
-            except OSError as exc:  # the shutdowns stand; only the ForceOff fallback is lost
-                LOG.error("redfish: cannot write %s (%s): hosts %s get no ForceOff fallback",
-                          self.path, exc, ", ".join(sorted(add)) or "-")
-
-
 class RedfishBackend(PowerBackend):
     """Host power through Redfish BMCs (``power_backend.type = "redfish"``)."""
 
@@ -285,7 +288,7 @@ class RedfishBackend(PowerBackend):
         except OSError as exc:
             raise BackendError("power backend 'redfish': cannot create state directory %s "
                                "(%s)" % (state_dir, exc.strerror)) from None
-        self.graceful = GracefulLog(os.path.join(state_dir, GRACEFUL_FILE))
+        self.graceful = PendingOffLog(os.path.join(state_dir, GRACEFUL_FILE), "redfish")
         #: host -> the last diagnostic of a failed status read (for logs and checks)
         self.last_errors: Dict[str, str] = {}
 
@@ -402,12 +405,12 @@ class RedfishDevices(DeviceBackend):
             return failure(request, "%s: the redfish backend sets node power caps only; GPU "
                            "policies need the nvml backend" % host)
         try:
-            node_min, node_max = caps.node_range(request.device_model_json)
-            change, limit, policy = caps.node_limit(request.kind, request.payload)
+            node_min, node_max = cap_requests.node_range(request.device_model_json)
+            change, limit, policy = cap_requests.node_limit(request.kind, request.payload)
         except ValueError as exc:  # PolicyError is a ValueError
             return failure(request, "%s: bad %s request: %s" % (host, request.kind, exc))
         previous = _state(request.device_state_json)
-        gpu_results = caps.gpu_refusals(request.payload)
+        gpu_results = cap_requests.gpu_refusals(request.payload)
         errors = [r.diag_msg for r in gpu_results]
         state = dict(previous, resource_group=_group(request, previous))
         cap_watts = previous.get("node_cap_watts")
@@ -415,13 +418,15 @@ class RedfishDevices(DeviceBackend):
             client = None
             try:
                 client, _bmc = self.fleet.client(host)
-                result = self.fleet.set_cap(host, limit, node_min, node_max, deadline)
+                saved = cap_set.Saved.from_dict(previous.get(SAVED_KEY))
+                result = self.fleet.set_cap(host, limit, node_min, node_max, saved, deadline)
             except (RedfishError, BackendError) as exc:
                 return failure(request, diag(host, exc, client),
                                device_state_json=json.dumps(previous, sort_keys=True))
             cap_watts = result.held
             state.update(node_cap_watts=result.held, requested_watts=result.requested,
                          note=result.note, policy=policy.name if policy else None)
+            state[SAVED_KEY] = result.saved.to_dict() if result.saved else None
         return DeviceResponse(host, request.request_id, not errors, "; ".join(errors),
                               device_state_json=json.dumps(state, sort_keys=True),
                               power_cap_watts=cap_watts,

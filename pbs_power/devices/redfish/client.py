@@ -7,23 +7,33 @@ session is deleted by `close`). TLS verification is what the options say and
 nothing else: ``verify=`` is passed on every call, because requests lets
 ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE`` override a Session's own setting,
 and the session ignores the environment (``trust_env`` off: no proxy
-variables, no ``~/.netrc`` credentials). Every failure is a `RedfishError`
+variables, no ``~/.netrc`` credentials). Only the configured origin is ever
+sent a request (see `origin`): a link to another scheme, host or port is
+refused, redirects are followed only within the origin, and the session is
+deleted only there. An ``ETag`` the BMC gives only as a header is put into
+the resource as ``@odata.etag``, for ``If-Match``. Every failure is a `RedfishError`
 whose text is one line naming the BMC, the method and path, the HTTP status
 and the Redfish error messages (``error.@Message.ExtendedInfo[].Message``).
 """
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Union
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
+from urllib3.exceptions import InsecureRequestWarning
 
 from pbs_power.devices.credentials import Credential
+from .origin import OriginError, resolve
+
+LOG = logging.getLogger(__name__)
 
 SESSIONS_PATH = "/redfish/v1/SessionService/Sessions"
 #: Statuses that mean "not done, try again later".
@@ -31,6 +41,9 @@ RETRY_STATUSES = (429, 503)
 #: Methods that may be sent again after a timeout (the first may have been done).
 IDEMPOTENT = ("GET", "PATCH", "DELETE")
 MAX_MESSAGE = 300
+#: Redirects followed per call (same origin only).
+MAX_REDIRECTS = 3
+REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class RedfishError(Exception):
@@ -76,6 +89,8 @@ class RedfishClient:
         self._auth_failure: Optional[str] = None
         self._auth_ok = False
         self._auth_gate = threading.Lock()
+        if settings.verify is False:
+            _quiet_unverified(settings.url)
 
     # -- public calls -----------------------------------------------------------
     def get(self, path: str, deadline: Optional[float] = None) -> Dict[str, Any]:
@@ -171,10 +186,11 @@ class RedfishClient:
             self._token = self._session_uri = None
         if token and uri:
             try:
-                self.http.delete(uri, headers={"X-Auth-Token": token},
+                self.http.delete(resolve(self.settings.url, uri),
+                                 headers={"X-Auth-Token": token},
                                  timeout=min(self.settings.timeout, 5.0),
-                                 verify=self.settings.verify)
-            except requests.RequestException:
+                                 verify=self.settings.verify, allow_redirects=False)
+            except (requests.RequestException, OriginError):
                 pass  # the BMC expires it on its own
         self.http.close()
 
@@ -206,11 +222,30 @@ class RedfishClient:
             auth = (s.credential.username, s.credential.password)
         elif s.auth == "session":
             extra["X-Auth-Token"] = self._session_token(timeout)
-        return self.http.request(method, self._url(path), json=body, headers=extra, auth=auth,
-                                 timeout=timeout, verify=s.verify)
+        url = self._url(method, path)
+        for _hop in range(MAX_REDIRECTS + 1):
+            resp = self.http.request(method, url, json=body, headers=extra, auth=auth,
+                                     timeout=timeout, verify=s.verify, allow_redirects=False)
+            if resp.status_code not in REDIRECTS or not resp.headers.get("Location"):
+                return resp
+            target = resp.headers["Location"]
+            try:
+                url = resolve(url, target)
+                resolve(s.url, url)
+            except OriginError as exc:
+                raise RedfishError("%s: %s %s: redirected, and not followed: %s"
+                                   % (self.name, method, path, exc), resp.status_code) from None
+            if resp.status_code == 303:
+                method, body = "GET", None
+        raise RedfishError("%s: %s %s: more than %d redirects" % (self.name, method, path,
+                                                                   MAX_REDIRECTS))
 
-    def _url(self, path: str) -> str:
-        return urljoin(self.settings.url + "/", path)
+    def _url(self, method: str, path: str) -> str:
+        """The absolute URL of ``path``; RedfishError when it leaves the configured origin."""
+        try:
+            return resolve(self.settings.url, path)
+        except OriginError as exc:
+            raise RedfishError("%s: %s refused: %s" % (self.name, method, exc)) from None
 
     def _session_token(self, timeout: float) -> str:
         """The current session's token, logging in first when there is none."""
@@ -228,8 +263,8 @@ class RedfishClient:
             raise RedfishError("%s: session authentication needs credentials" % self.name)
         body = {"UserName": s.credential.username, "Password": s.credential.password}
         try:
-            resp = self.http.post(self._url(SESSIONS_PATH), json=body, timeout=timeout,
-                                  verify=s.verify)
+            resp = self.http.post(self._url("POST", SESSIONS_PATH), json=body, timeout=timeout,
+                                  verify=s.verify, allow_redirects=False)
         except requests.RequestException as exc:
             raise RedfishError(self._transport_diag("POST", SESSIONS_PATH, exc, timeout, 1)) \
                 from None
@@ -242,9 +277,19 @@ class RedfishClient:
                 self._auth_failure = "session login: HTTP %d: %s%s" % (
                     resp.status_code, detail, self._auth_hint(resp.status_code))
             raise error
-        where = resp.headers.get("Location") or _odata_id(resp)
         self._token = resp.headers["X-Auth-Token"]
-        self._session_uri = self._url(where) if where else None
+        self._session_uri = self._session_location(resp)
+
+    def _session_location(self, resp: requests.Response) -> Optional[str]:
+        """Where to DELETE the new session: ``Location``, else ``@odata.id``, on our origin."""
+        for where in (resp.headers.get("Location"), _odata_id(resp)):
+            if not where:
+                continue
+            try:
+                return resolve(self.settings.url, where)
+            except OriginError as exc:
+                LOG.warning("%s: session location not used: %s", self.name, exc)
+        return None
 
     def _forget_session(self) -> None:
         with self._lock:
@@ -258,13 +303,17 @@ class RedfishClient:
         if resp.status_code == 204 or not resp.content:
             return None
         try:
-            return resp.json()
+            doc = resp.json()
         except ValueError:
             if method == "GET":
                 raise RedfishError("%s: %s %s answered HTTP %d with a body that is not JSON"
                                    % (self.name, method, path, resp.status_code),
                                    resp.status_code) from None
             return None
+        etag = resp.headers.get("ETag")
+        if method == "GET" and etag and isinstance(doc, dict) and not doc.get("@odata.etag"):
+            doc["@odata.etag"] = etag
+        return doc
 
     def _auth_hint(self, status: int) -> str:
         s = self.settings
@@ -280,7 +329,7 @@ class RedfishClient:
         where = "%s: %s %s" % (self.name, method, path)
         after = "" if tries == 1 else " (%d tries)" % tries
         if isinstance(exc, requests.exceptions.SSLError):
-            return "%s: TLS failed: %s%s" % (where, _tls_reason(exc), after)
+            return "%s: TLS failed: %s%s" % (where, _tls_reason(exc, self.settings.url), after)
         if isinstance(exc, requests.exceptions.ConnectTimeout):
             return "%s: cannot connect within %gs%s" % (where, round(timeout, 1), after)
         if isinstance(exc, requests.exceptions.Timeout):
@@ -302,15 +351,31 @@ def _may_retry(method: str, exc: Exception) -> bool:
                                                      requests.exceptions.ConnectionError))
 
 
-def _tls_reason(exc: Exception) -> str:
+def _tls_reason(exc: Exception, url: str) -> str:
+    """Why TLS failed, with the advice that fits: a wrong name is not a CA problem."""
     text = str(exc)
-    found = re.search(r"certificate verify failed: ([^(\]']+)", text)
+    host = urlsplit(url).hostname or url
+    if "mismatch" in text or "doesn't match" in text or "not valid for" in text:
+        return ("certificate does not name %s (hostname mismatch); put the name or address "
+                "the certificate was issued for in the BMC URL" % host)
+    found = re.search(r"certificate verify failed: ([^(\]]+)", text)
     if found:
         return ("certificate not trusted (%s); give the BMC's CA certificate in ca_file, or "
-                "set verify false" % found.group(1).strip().rstrip(",."))
-    if "mismatch" in text or "doesn't match" in text:
-        return "certificate does not name this address (%s)" % _root_reason(exc)
+                "set verify false" % found.group(1).strip().strip("'\"").rstrip(",."))
     return _root_reason(exc)
+
+
+_QUIETED: set = set()
+
+
+def _quiet_unverified(url: str) -> None:
+    """One log line instead of urllib3's warning on every request to ``url``'s host."""
+    host = urlsplit(url).hostname or ""
+    warnings.filterwarnings("ignore", message=r"Unverified HTTPS request is being made to "
+                            r"host '%s'" % re.escape(host), category=InsecureRequestWarning)
+    if host not in _QUIETED:
+        _QUIETED.add(host)
+        LOG.warning("redfish %s: TLS certificate not verified (verify false)", url)
 
 
 def _root_reason(exc: Exception) -> str:

@@ -7,8 +7,9 @@ Options (all but one of ``bmcs``/``url_template`` optional):
   "chassis_id", "ca_file", "verify"}`` for that BMC;
 * ``url_template``: the URL of hosts not in ``bmcs``, e.g. ``https://{host}-bmc``;
 * ``system_id`` / ``chassis_id``: the ComputerSystem / Chassis id at every BMC
-  (``{host}`` allowed); left out, the BMC's only system is used, and the
-  system's first ``Links.Chassis``;
+  (``{host}`` allowed; an id may be nested, ``RackMount/Baseboard``); left
+  out, the BMC's only system is used, and each of the system's
+  ``Links.Chassis`` in turn;
 * ``credentials_file`` (see `credentials`), ``auth``: ``basic`` (default),
   ``session`` (Redfish SessionService) or ``none``;
 * ``verify`` (default true) and ``ca_file`` (a CA bundle to trust instead of

@@ -1,7 +1,9 @@
 """Host power through Redfish: ComputerSystem PowerState and ComputerSystem.Reset.
 
 Reads a system's ``PowerState``, sends ``ComputerSystem.Reset`` to the target
-the system's own ``Actions`` names (falling back to the standard path), and
+the system's own ``Actions`` names (falling back to the standard path) with a
+``ResetType`` the BMC offers (inline ``AllowableValues``, else the action's
+``@Redfish.ActionInfo``, read when a reset is sent), and
 polls until a state is reached. `power_off` is the blocking form with the
 ForceOff fallback: GracefulShutdown, wait up to ``graceful_timeout``, then
 ForceOff and wait again.
@@ -9,7 +11,7 @@ ForceOff and wait again.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 from urllib.parse import quote
 
@@ -30,23 +32,38 @@ class SystemView:
     path: str
     power_state: str
     reset_target: str
-    reset_types: Tuple[str, ...]   # empty: the BMC does not say
+    reset_types: Tuple[str, ...]   # empty: the BMC does not say inline
     chassis: Tuple[str, ...]       # Links.Chassis paths
+    action_info: str = ""          # the Reset action's @Redfish.ActionInfo, if any
 
     @property
     def state(self) -> PowerState:
         return STATES.get(self.power_state, PowerState.UNKNOWN)
 
 
+class ConfigNeeded(RedfishError):
+    """The BMC answers, but the configuration does not say which resource to use."""
+
+
+def member_path(collection: str, ident: str) -> str:
+    """``collection/ident``; an id with ``/`` in it ("RackMount/Baseboard") stays nested."""
+    parts = ident.strip("/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise RedfishError("id %r is not a resource id" % ident)
+    return "%s/%s" % (collection, "/".join(quote(p, safe="") for p in parts))
+
+
 def system_path(client: RedfishClient, bmc: Bmc, deadline: Optional[float]) -> str:
     """The system's path: the configured id, else the BMC's only system."""
     if bmc.system_id:
-        return "%s/%s" % (SYSTEMS, quote(bmc.system_id, safe=""))
+        return member_path(SYSTEMS, bmc.system_id)
     members = client.get(SYSTEMS, deadline).get("Members") or []
     paths = [m.get("@odata.id") for m in members if isinstance(m, dict) and m.get("@odata.id")]
     if len(paths) != 1:
-        raise RedfishError("%s: %d systems at %s; set system_id for host %s"
-                           % (client.name, len(paths), SYSTEMS, bmc.host))
+        raise ConfigNeeded("%s: %d systems at %s (%s); set system_id for host %s"
+                           % (client.name, len(paths), SYSTEMS,
+                              ", ".join(p.rstrip("/").rsplit("/", 1)[-1] for p in paths[:8])
+                              or "none", bmc.host))
     return paths[0]
 
 
@@ -58,8 +75,27 @@ def read_system(client: RedfishClient, path: str, deadline: Optional[float]) -> 
     allowed = action.get("ResetType@Redfish.AllowableValues") or ()
     links = (doc.get("Links") or {}).get("Chassis") or []
     chassis = tuple(c["@odata.id"] for c in links if isinstance(c, dict) and c.get("@odata.id"))
+    info = action.get("@Redfish.ActionInfo")
     return SystemView(doc.get("@odata.id") or path, str(doc.get("PowerState", "")), target,
-                      tuple(str(a) for a in allowed), chassis)
+                      tuple(str(a) for a in allowed), chassis,
+                      info if isinstance(info, str) else "")
+
+
+def offered_types(client: RedfishClient, view: SystemView,
+                  deadline: Optional[float]) -> Tuple[str, ...]:
+    """The ResetTypes the BMC allows: inline, else from the ActionInfo (empty: not said)."""
+    if view.reset_types or not view.action_info:
+        return view.reset_types
+    try:
+        info = client.get(view.action_info, deadline)
+    except RedfishError as exc:
+        if exc.status == 404:
+            return ()
+        raise
+    for param in info.get("Parameters") or []:
+        if isinstance(param, dict) and param.get("Name") == "ResetType":
+            return tuple(str(v) for v in param.get("AllowableValues") or ())
+    return ()
 
 
 def reset_type(view: SystemView, wanted: str) -> str:
@@ -77,6 +113,9 @@ def reset_type(view: SystemView, wanted: str) -> str:
 def reset(client: RedfishClient, view: SystemView, wanted: str,
           deadline: Optional[float]) -> str:
     """POST ComputerSystem.Reset; the ResetType actually sent."""
+    types = offered_types(client, view, deadline)
+    if types != view.reset_types:
+        view = replace(view, reset_types=types)
     kind = reset_type(view, wanted)
     client.post(view.reset_target, {"ResetType": kind}, deadline)
     return kind
