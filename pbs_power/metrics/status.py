@@ -82,7 +82,7 @@ def status(state_dir: str, now: Optional[float] = None) -> Dict[str, Any]:
         "nodes_at": census.started if census else None,
         "eligible": census.eligible if census else 0,
         "last_cycle": None if cycle is None else {
-            "started": cycle.started, "seconds": round(cycle.seconds, 3),
+            "started": cycle.started, "seconds": round(cycle.seconds, 6),
             "outcome": cycle.outcome, "age_seconds": round(now - cycle.started, 1),
             "held_back": dict(census.held) if census else {}},
         "in_transition": [{"host": t.host, "kind": t.kind, "phase": t.phase,
@@ -130,9 +130,11 @@ def status_text(doc: Dict[str, Any]) -> str:
     last = doc["last_cycle"]
     if last:
         held = ", ".join("%s %d" % kv for kv in sorted(last["held_back"].items()))
-        lines.append("last cycle: %s, %s ago, %s in %.2fs%s" % (
-            _clock(last["started"]), _ago(last["age_seconds"]), last["outcome"],
-            last["seconds"], "; held back: " + held if held else ""))
+        took = ("%.1f ms" % (last["seconds"] * 1000) if last["seconds"] < 1
+                else "%.1f s" % last["seconds"])
+        lines.append("last cycle: %s, %s ago, %s in %s%s" % (
+            _clock(last["started"]), _ago(last["age_seconds"]), last["outcome"], took,
+            "; held back: " + held if held else ""))
     energy = doc["energy_saved_kwh"]
     lines.append("energy saved: today %.2f kWh, last 7 days %.2f kWh, total %.2f kWh; "
                  "saving %.0f W now" % (energy["today"], energy["last_7_days"],
