@@ -19,9 +19,13 @@ command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
 for p in slurmctld slurmd slurm-client munge; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need_apt+=("$p")
 done
+# Observability tests: a real Prometheus scrapes the exporter; promtool checks
+# the dashboard's queries. The tests start their own prometheus on a free port.
+{ command -v prometheus && command -v promtool; } >/dev/null || need_apt+=(prometheus)
 if [ "${#need_apt[@]}" -gt 0 ]; then
     apt-get -o DPkg::Lock::Timeout=600 update -q
-    # keep package scripts from starting system-wide daemons (munged, slurmctld, slurmd)
+    # keep package scripts from starting system-wide daemons (munged, slurmctld,
+    # slurmd, prometheus)
     made_policy=0
     if [ ! -e /usr/sbin/policy-rc.d ]; then
         printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "pbs_power"
 CIRCLES_TOOL = ROOT.parent / "shared" / "tools" / "import_circles.py"
 HEAVY = ("jsonschema", "requests", "websockets", "urllib3", "matplotlib", "pynvml",
-         "pyslurm", "sqlite3")
+         "pyslurm", "sqlite3", "prometheus_client")
 
 
 def loaded_after(statement: str) -> set:
@@ -34,7 +34,8 @@ def test_importing_the_package_imports_none_of_its_modules():
 
 
 @pytest.mark.parametrize("package", ["config", "states", "groups", "devices.redfish",
-                                     "devices.ipmi", "pbs", "slurm", "cli"])
+                                     "devices.ipmi", "pbs", "slurm", "cli",
+                                     "metrics"])
 def test_a_subpackage_imports_its_modules_only_when_a_name_is_used(package):
     loaded = loaded_after("import pbs_power.%s" % package)
     own = {m for m in loaded if m.startswith("pbs_power.")}
@@ -53,6 +54,16 @@ def test_the_slurm_prolog_path_imports_neither_pbs_nor_heavy_libraries():
     assert not [m for m in loaded if m.startswith(("pbs_power.pbs", "pbs_power.sim",
                                                    "pbs_power.allocator", "pbs_power.cli"))]
     assert not any(m.split(".")[0] in HEAVY for m in loaded)
+
+
+def test_no_hook_or_slurm_program_path_imports_the_metrics_side():
+    """The hooks only write the journal; the exporter's libraries stay out of them."""
+    loaded = loaded_after("import pbs_power.pbs.hook, pbs_power.pbs.jobs, "
+                          "pbs_power.states.cycle, pbs_power.slurm.power, "
+                          "pbs_power.slurm.cycle, pbs_power.groups.service, "
+                          "slurm_spank.prolog, slurm_spank.epilog")
+    assert not [m for m in loaded if m.startswith("pbs_power.metrics")]
+    assert "prometheus_client" not in {m.split(".")[0] for m in loaded}
 
 
 def test_no_module_is_over_500_lines():

@@ -23,6 +23,7 @@ SUBCOMMANDS: List[str] = [
     "pbs_power.cli.node",
     "pbs_power.cli.allocator",
     "pbs_power.cli.slurm",
+    "pbs_power.cli.observe",
 ]
 
 DESCRIPTION = (
@@ -31,8 +32,9 @@ DESCRIPTION = (
     "checks their config, installs them (pbs install, slurm install), manages the\n"
     "topology, policies and per-job resource groups, checks that every node's power\n"
     "and device backends answer, runs the GPU agent on a node, runs the Slurm\n"
-    "wake-ahead cycle and the power-aware allocator server, runs the demo, and\n"
-    "replays real workload traces to compare power managers (simulate)."
+    "wake-ahead cycle and the power-aware allocator server, runs the demo,\n"
+    "replays real workload traces to compare power managers (simulate), and shows\n"
+    "what the hooks did: status, history NODE, and a Prometheus exporter."
 )
 
 

@@ -102,6 +102,9 @@ def run_requests(store: GroupStore, controller, op_id: Optional[str], requests: 
     if op is not None:
         with store.transaction():
             store.set_operation(op.id, n_success=ok, n_failed=bad)
+    if bad:
+        from .records import count_device_errors
+        count_device_errors(store, requests, outcomes)
     return outcomes
 
 

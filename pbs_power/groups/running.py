@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .apply import Applied, Applier, Change, payload
 from .ledger import Book
+from .records import count_activation, group_event
 from .execute import (HostOutcome, process_alive, required_successes, run_requests,
                       spawn_worker)
 from .planning import Planner
@@ -100,6 +101,12 @@ class OperationMixin:
                 if not cancelled and ok >= need:
                     self.store.set_group(op.group_name, status="active", owner_pid=None,
                                          activated=self.clock())
+            succeeded = not cancelled and ok >= need
+            count_activation(self.store, None if op.created is None
+                             else self.clock() - op.created, succeeded)
+            group_event(self.store, self.clock(), op.group_name,
+                        "activated" if succeeded else "activation failed",
+                        group.policy if group else None, own)
             if cancelled or ok < need:
                 self._end_group(op.group_name)
                 why = ("cancelled: the group is being deleted" if cancelled else
@@ -121,6 +128,8 @@ class OperationMixin:
             self.store.put_members([MemberRow(m.entity, m.group_name, m.policy)
                                     for m in members])
             self.store.set_group(group_name, status="inactive", owner_pid=None)
+        group_event(self.store, self.clock(), group_name, "deactivated", None,
+                    [m.entity for m in members])
         return applied
 
     def _flow_back(self, response: Optional[Response] = None) -> None:

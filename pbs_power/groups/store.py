@@ -148,6 +148,11 @@ class GroupStore:
         self._depth -= 1
         conn.execute("COMMIT" if depth == 0 else "RELEASE sp%d" % depth)
 
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The open connection, for tables kept beside the service's (`records`)."""
+        return self._conn
+
     def close(self) -> None:
         self._conn.close()
 

@@ -198,19 +198,21 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
     conf = _pbs_conf(pbs)
     live = None  # job ids for the leaked-group cleanup; None = unknown, no cleanup
     vnodes = vnodes_from(pbs, event.vnode_list)
+    query_failed = False
     try:
         doc = query_jobs_json(conf["PBS_EXEC"])
         jobs, live = demand_from(pbs, event.vnode_list, doc, config, conf, now, log), \
             live_job_ids_from(doc)
     except (QueryError, KeyError) as exc:
         log("error", "queued jobs unknown (%s); no host is taken down this cycle" % exc)
-        jobs = ()
+        jobs, query_failed = (), True
         config = replace(config, power_on_off_enable=False, power_ramp_rate_enable=False)
     snapshot = Snapshot(vnodes, queued_jobs=jobs,
                         reservations=reservations_from(event.resv_list))
     with Store.open(config.state_dir) as store, \
             get_backend(config.power_backend, config.state_dir) as backend:
-        report = Cycle(config, store, backend, log, check_down_hosts=True).run(snapshot, now)
+        report = Cycle(config, store, backend, log, check_down_hosts=True).run(
+            snapshot, now, query_failed)
     changed = apply_marks(pbs, event.vnode_list, report.marks, log)
     if changed and "PBS_EXEC" in conf:
         from .scheduler import start_cycle_soon

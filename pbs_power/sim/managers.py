@@ -252,7 +252,8 @@ class PbsPower(Manager):
     def attach(self, engine) -> None:
         super().attach(engine)
         self.by_name = {n.name: n for n in engine.nodes}
-        self.runner = Cycle(self.cfg, self.store, SimBackend(engine, self.by_name), self.log)
+        self.runner = Cycle(self.cfg, self.store, SimBackend(engine, self.by_name), self.log,
+                            journaled=False)   # a replay needs no status or metrics
         engine.every(self.cycle, engine.submit[0] if engine.submit else 0.0)
 
     def on_cycle(self, now: float) -> None:

@@ -17,10 +17,12 @@ count as in flight, so the planner's ``max_concurrent_nodes`` sees them.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Tuple
 
 from pbs_power.config.hook_config import HookConfig
+from pbs_power.states import journal
 from pbs_power.states.cycle import boot_times, deferral_lines
 from pbs_power.states.model import Phase, Plan, Snapshot, Transition, TransitionKind
 from pbs_power.states.planner import RAMP_WINDOW, plan
@@ -72,11 +74,19 @@ def with_history(snapshot: Snapshot, store, view: SlurmView, now: float) -> Snap
 def run_cycle(config: HookConfig, store, client: SlurmClient, log: logging.Logger,
               now: float, dry_run: bool = False) -> SlurmCycleReport:
     """One periodic pass; ``dry_run`` plans and logs but asks Slurm for nothing."""
+    clock = time.monotonic()
     with store.cycle_lock(LOCK_NAME) as acquired:
         if not acquired:
             log.warning("previous slurm cycle still running; this run does nothing")
+            journal.record_cycle(store, journal.CycleRecord(
+                now, time.monotonic() - clock, "skipped"))
             return SlurmCycleReport(ran=False)
-        view = read_view(client)
+        try:
+            view = read_view(client)
+        except SlurmError:
+            journal.record_cycle(store, journal.CycleRecord(
+                now, time.monotonic() - clock, "query_failed"))
+            raise
         forget_stale(store, config, now, log)
         failed_hosts_back(store, view, log)
         snapshot = with_history(view.snapshot(now), store, view, now)
@@ -86,6 +96,8 @@ def run_cycle(config: HookConfig, store, client: SlurmClient, log: logging.Logge
         for action in report.plan.actions:
             _ask_slurm(client, action, report, log, dry_run)
         _log_deferrals(report.plan, log)
+        journal.record_pass(store, snapshot.vnodes, report.plan.deferred, now,
+                            time.monotonic() - clock, "ran")
         return report
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import MODE_DISABLED, MODE_RAMP_RATE, HookConfig
+from pbs_power.states import journal
 from pbs_power.states.model import Phase, PowerState, RampStep, Snapshot, Transition, TransitionKind
 from pbs_power.states.planner import RAMP_WINDOW, _RampBudget  # the planner's own ramp accounting, reused
 from .adapter import DRAIN_FLAGS, SlurmClient, SlurmError, SlurmView, fold, usable
@@ -102,7 +103,11 @@ def admit(run: PowerRun, hosts: Sequence[str], kinds: Mapping[str, TransitionKin
                 continue
             busy += 1
             phase = Phase.POWERING_DOWN if kind.is_down else Phase.POWERING_UP
-            store.put_transition(Transition(host, kind, phase, now, now, reasons[host]))
+            t = Transition(host, kind, phase, now, now, reasons[host])
+            store.put_transition(t)
+            # Slurm resumes a host for a job it already placed there: the job waits
+            # from now until the host is usable.
+            journal.started(store, t, now if reasons[host].startswith("for job") else None)
             run.owned[host] = (kind, now)
             if watts:
                 steps.append(RampStep(now, host, watts))
@@ -130,6 +135,9 @@ def send(run: PowerRun, hosts: Sequence[str], kinds: Mapping[str, TransitionKind
                 continue
             diag = result.diag if result is not None else "no answer from the backend"
             run.store.drop_transition(host)
+            journal.ended(run.store, Transition(host, kind, Phase.POWERING_UP, run.clock(),
+                                                run.clock()), "backend refused: " + diag,
+                          run.clock())
             run.owned.pop(host, None)
             run.failures += 1
             run.log.error("%s: %s refused by the power backend: %s%s", host, kind.value, diag,
@@ -197,6 +205,8 @@ def finish(run: PowerRun, t: Transition, seconds: float, now: float, why: str) -
         store.set_down_since(t.host, now if t.kind.is_down else None)
         if not t.kind.is_down:
             store.clear_failed(t.host)
+        journal.completed(store, t, seconds, now, journal.saved_watts(
+            run.config.power_of(t.host), t.kind) if t.kind.is_down else 0.0)
     run.owned.pop(t.host, None)
     run.log.info("%s: %s done in %ds (%s)", t.host, t.kind.value, round(seconds), why)
 
@@ -341,6 +351,8 @@ def resume_fail(run: PowerRun, hosts: Sequence[str]) -> int:
         reason = "%s failed: not usable in Slurm within ResumeTimeout" % what
         run.store.drop_transition(host)
         run.store.mark_failed(host, reason, now)
+        journal.failed(run.store, t or Transition(host, TransitionKind.POWER_ON,
+                                                  Phase.POWERING_UP, now, now), reason, now)
         try:
             result = run.backend.request(TransitionKind.POWER_OFF, [host], now).get(host)
             off = "powered off" if result is not None and result.ok else \

@@ -9,11 +9,13 @@ store's cycle lock (a run that finds it taken does nothing).
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import HookConfig
+from . import journal
 from .model import (Phase, Plan, PowerState, RampStep, Snapshot, Transition,
                     TransitionKind, hosts_of)
 from .planner import FLEET, RAMP_WINDOW, needed_back, plan
@@ -56,23 +58,36 @@ class Cycle:
     """Runs periodic passes for one cluster with one config, store and backend."""
 
     def __init__(self, config: HookConfig, store, backend, log: LogFn,
-                 check_down_hosts: bool = False):
+                 check_down_hosts: bool = False, journaled: bool = True):
         """``check_down_hosts``: the scheduler may forget sleep marks (PBS does on a
-        restart): every run, hosts we put down but shown awake are checked."""
+        restart): every run, hosts we put down but shown awake are checked.
+        ``journaled``: also write the `journal` (events, cycle rows, tallies) that
+        ``pbs-power status`` and the exporter read; the simulator turns it off."""
         self.config = config
         self.check_down_hosts = check_down_hosts
         self.store = store
         self.backend = backend
         self.log = log
+        self.journaled = journaled
         self._boot_cache: Optional[Dict[str, Dict[str, float]]] = None
 
-    def run(self, snapshot: Snapshot, now: float) -> CycleReport:
-        """Run one pass over ``snapshot`` at ``now``; see the module docstring."""
+    def run(self, snapshot: Snapshot, now: float, query_failed: bool = False) -> CycleReport:
+        """Run one pass over ``snapshot`` at ``now``; see the module docstring.
+
+        ``query_failed``: the adapter could not read queued jobs, so this pass
+        only moves transitions along; the journal records that outcome.
+        """
+        clock = time.monotonic()
         with self.store.cycle_lock() as acquired:
             if not acquired:
                 self.log("warning", "previous cycle still running; this run does nothing")
+                self._note(journal.record_cycle, journal.CycleRecord(
+                    now, time.monotonic() - clock, "skipped"))
                 return CycleReport(ran=False)
-            return self._run_locked(snapshot, now)
+            report = self._run_locked(snapshot, now)
+            self._note(journal.record_pass, snapshot.vnodes, report.plan.deferred, now,
+                       time.monotonic() - clock, "query_failed" if query_failed else "ran")
+            return report
 
     def _run_locked(self, snapshot: Snapshot, now: float) -> CycleReport:
         report = CycleReport()
@@ -91,6 +106,11 @@ class Cycle:
         self._start(report.plan, now, report)
         self._log_deferrals(report.plan)
         return report
+
+    def _note(self, record: Callable, *args) -> None:
+        """Write to the journal (when this cycle keeps one)."""
+        if self.journaled:
+            record(self.store, *args)
 
     def _forget_recovered(self, snapshot: Snapshot) -> None:
         """Hosts an admin brought back from offline are no longer failed."""
@@ -154,10 +174,10 @@ class Cycle:
         for o in rec.remark_sleep:
             report.marks.append(Mark(o.transition.host, sleep=True))
         for o in rec.cancelled:
-            self._finish(o, report, "info", "%s: %s; handed back")
+            self._finish(o, report, now, "info", "%s: %s; handed back")
             report.marks.append(Mark(o.transition.host, sleep=False))
         for o in rec.vanished:
-            self._finish(o, report, "warning", "%s: forgetting transition: %s")
+            self._finish(o, report, now, "warning", "%s: forgetting transition: %s")
         for o in rec.came_up:
             self.store.put_transition(o.transition.advanced(Phase.BOOTING, now))
             report.marks.append(Mark(o.transition.host, sleep=False))
@@ -185,13 +205,17 @@ class Cycle:
             need = needed.get(o.transition.host)
             if need is not None:
                 self.store.drop_transition(o.transition.host)
+                self._note(journal.ended, o.transition,
+                           "drain cancelled: %s needs it" % need.what, now)
                 report.marks.append(Mark(o.transition.host, sleep=False))
                 self.log("info", "%s: drain cancelled: %s needs it at %s; handed back"
                          % (o.transition.host, need.what, _clock(need.at)))
         return [o for o in ready if o.transition.host not in needed]
 
-    def _finish(self, o: Outcome, report: CycleReport, level: str, fmt: str) -> None:
+    def _finish(self, o: Outcome, report: CycleReport, now: float, level: str,
+                fmt: str) -> None:
         self.store.drop_transition(o.transition.host)
+        self._note(journal.ended, o.transition, o.reason, now)
         self.log(level, fmt % (o.transition.host, o.reason))
 
     def _complete(self, o: Outcome, now: float, report: CycleReport) -> None:
@@ -200,6 +224,9 @@ class Cycle:
         self.store.record_duration(t.host, t.kind, t.started, o.seconds)
         self._boot_cache = None
         self.store.set_down_since(t.host, now if t.kind.is_down else None)
+        self._note(journal.completed, t, o.seconds, now,
+                   journal.saved_watts(self.config.power_of(t.host), t.kind)
+                   if t.kind.is_down else 0.0)
         report.completed.append(o)
         self.log("info", "%s: %s done in %ds (%s)" % (t.host, t.kind.value,
                                                       o.seconds, o.reason))
@@ -208,6 +235,7 @@ class Cycle:
         t = o.transition
         self.store.drop_transition(t.host)
         self.store.mark_failed(t.host, o.reason, now)
+        self._note(journal.failed, t, o.reason, now)
         comment = "%s%s failed: %s; offline until an admin clears it" % (
             COMMENT_PREFIX, t.kind.value, o.reason)
         report.marks.append(Mark(t.host, sleep=False, offline=True, comment=comment))
@@ -231,6 +259,7 @@ class Cycle:
                     continue
                 diag = result.diag if result is not None else "no answer from backend"
                 self.store.drop_transition(t.host)
+                self._note(journal.ended, t, "backend refused: %s" % diag, now)
                 report.marks.append(Mark(t.host, sleep=False))
                 self.log("error", "%s: %s failed at the backend: %s; host handed back"
                          % (t.host, kind.value, diag))
@@ -252,13 +281,17 @@ class Cycle:
 
     def _start(self, the_plan: Plan, now: float, report: CycleReport) -> None:
         ups = [a for a in the_plan.actions if not a.kind.is_down]
-        for a in the_plan.actions:
-            if a.kind.is_down:
-                t = Transition(a.host, a.kind, Phase.DRAINING, now, now, a.reason)
-                self.store.put_transition(t)
-                report.marks.append(Mark(a.host, sleep=True))
-                report.started.append(t)
-                self.log("info", "%s: draining for %s: %s" % (a.host, a.kind.value, a.reason))
+        with self.store.transaction() if self.journaled else contextlib.nullcontext():
+            # one commit for every drain (no backend call in this loop)
+            for a in the_plan.actions:
+                if a.kind.is_down:
+                    t = Transition(a.host, a.kind, Phase.DRAINING, now, now, a.reason)
+                    self.store.put_transition(t)
+                    self._note(journal.started, t)
+                    report.marks.append(Mark(a.host, sleep=True))
+                    report.started.append(t)
+                    self.log("info", "%s: draining for %s: %s"
+                             % (a.host, a.kind.value, a.reason))
         powered = self.backend.status([a.host for a in ups], now) if ups else {}
         by_kind: Dict[TransitionKind, List] = {}
         for a in ups:
@@ -274,6 +307,7 @@ class Cycle:
                 # A refused command still counts as in flight, so boot_timeout
                 # ends it (host offline) instead of retrying it every cycle.
                 self.store.put_transition(t)
+                self._note(journal.started, t, a.need_by)
                 report.started.append(t)
                 if ok:
                     self._record_step(a.host, kind, now)

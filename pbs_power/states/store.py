@@ -241,6 +241,12 @@ class Store:
         finally:
             os.close(fd)
 
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The open connection, for modules that keep tables of their own in this
+        file (`journal`); write through it only inside ``transaction()``."""
+        return self._conn
+
     def close(self) -> None:
         """Close the connection (an open transaction is rolled back)."""
         self._conn.close()

@@ -165,3 +165,36 @@ def test_a_bad_config_is_one_clear_line_per_cycle(pbs_cluster, tmp_path, text, s
     shown = [l for l in record["log"] if not l.startswith("EVENT_DEBUG3;")]
     assert len(shown) == 1 and says in shown[0] and "pbs_power: " in shown[0], shown
     assert all(s == ["free"] for s in states(pbs_cluster).values())
+
+
+def test_the_journal_records_what_the_hook_did(pbs_cluster, tmp_path):
+    """What the exporter and `pbs-power status` read: cycles, events, waits, failures."""
+    from pbs_power.states import journal, tally
+    for i in range(12):
+        cycle(pbs_cluster, tmp_path, T0 + i * CYCLE)
+    now = T0 + 12 * CYCLE
+    state = c.load_state(pbs_cluster)          # due now: n1 boots late, n6 never
+    state["jobs"]["8.pbssvr"] = c.make_job(start_time=now, exec_vnode="(n1:ncpus=1)+(n6:ncpus=1)")
+    c.save_state(pbs_cluster, state)
+    for i in range(6):
+        cycle(pbs_cluster, tmp_path, now + i * CYCLE)
+    qstat = tmp_path / "pbs_exec" / "bin" / "qstat"
+    qstat.write_text("#!/bin/sh\necho 'qstat: cannot connect to server' >&2\nexit 15010\n")
+    cycle(pbs_cluster, tmp_path, now + 6 * CYCLE)
+    with Store.open(str(tmp_path / "state")) as store:
+        last = journal.last_cycles(store, 1)[0]
+        rows = journal.tallies(store)
+        n1, n6 = journal.events(store, "n1"), journal.events(store, "n6")
+    assert last.outcome == "query_failed" and last.started == now + 6 * CYCLE
+    assert last.states["failed"] == 1 and last.hosts == 6 and last.eligible == 6
+    assert tally.counter(rows, "cycles") == {(("outcome", "ran"),): 18.0,
+                                             (("outcome", "query_failed"),): 1.0}
+    assert [(e.kind, e.event) for e in n6][-2:] == [("power_on", "started"),
+                                                    ("power_on", "failed")]
+    assert tally.counter(rows, "transitions_failed") == {(("kind", "power_on"),): 1.0}
+    assert [(e.kind, e.event) for e in n1][-2:] == [("power_on", "started"),
+                                                    ("power_on", "completed")]
+    # n1 was wanted at `now` and usable one boot later: the job waited that long
+    (wait,) = tally.histogram(rows, "wake_wait_seconds", journal.WAIT_BUCKETS)
+    assert wait.count == 1 and wait.sum == n1[-1].seconds > 0
+    assert tally.counter(rows, "jobs_waited_for_wake") == {(): 1.0}

@@ -211,3 +211,33 @@ def test_resume_file_names_the_jobs(tmp_path):
     assert jobs_by_host(str(path), logging.getLogger("t")) == {
         "n1": "for job 7", "n2": "for job 7,9", "n3": "for job 9"}
     assert jobs_by_host(str(tmp_path / "missing.json"), logging.getLogger("t")) == {}
+
+
+def test_the_programs_journal_what_they_did(env):
+    """Suspend, resume and resume-fail leave what the exporter and `history` read."""
+    from pbs_power.states import journal, tally
+    run = env(node_power={"idle_watts": 250, "off_watts": 10})
+    run.backend.request(TransitionKind.POWER_ON, ["n1"], T0 - 500)
+    assert suspend(run, ["n1"]) == 0
+    ((_kind, since, watts),) = journal.saving_now(run.store).values()
+    assert watts == 250.0 - 10.0 and since == run.store.down_since()["n1"]
+    resume_file = run.config.state_dir + "/resume.json"
+    with open(resume_file, "w") as f:
+        json.dump({"jobs": [{"job_id": 77, "nodes": "n1"}]}, f)
+    assert resume(run, ["n1"], resume_file) == 0
+    assert resume_fail(run, ["n2"]) == 0
+    assert [(e.kind, e.event) for e in journal.events(run.store, "n1")] == [
+        ("power_off", "started"), ("power_off", "completed"),
+        ("power_on", "started"), ("power_on", "completed")]
+    assert journal.events(run.store, "n2")[-1].reason.startswith("power_on failed")
+    rows = journal.tallies(run.store)
+    assert tally.counter(rows, "transitions_completed") == {
+        (("kind", "power_off"),): 1.0, (("kind", "power_on"),): 1.0}
+    assert tally.counter(rows, "transitions_failed") == {(("kind", "power_on"),): 1.0}
+    assert journal.saving_now(run.store) == {}
+    # job 77 waited for n1's whole boot
+    (wait,) = tally.histogram(rows, "wake_wait_seconds", journal.WAIT_BUCKETS)
+    assert wait.count == 1 and wait.sum == journal.events(run.store, "n1")[3].seconds > 0
+    assert tally.counter(rows, "jobs_waited_for_wake") == {(): 1.0}
+    (saved,) = tally.counter(rows, "energy_saved_joules").values()
+    assert saved == pytest.approx(240.0 * (journal.events(run.store, "n1")[2].time - since))
