@@ -28,7 +28,7 @@ from .memstore import MemoryStore
 from .scheduling import INF
 from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 
-MANAGERS = ("always-on", "pbs-power", "slurm", "openpbs")
+MANAGERS = ("always-on", "pbs-power", "slurm", "openpbs", "pbs-power-forecast")
 #: OpenPBS PBS_power as shipped: its fixed boot assumption (PBS_power.PY), nodes
 #: powered off and on per run (max_concurrent_nodes in PBS_power.CF) and the
 #: seconds between runs (freq in PBS_power.HK).
@@ -323,8 +323,13 @@ class PbsPower(Manager):
     name = "pbs-power"
 
     def __init__(self, config: HookConfig, cycle: float, log=None, skip_quiet: bool = True,
-                 prune: bool = True):
+                 prune: bool = True, forecast: bool = False):
         self.cfg = config
+        #: the queued jobs the hook sees: its own fit of the jobs that can run
+        #: now, or (``forecast``) an EASY calendar of every queued job's start
+        self.forecast: object = "calendar" if forecast else True
+        if forecast:
+            self.name = "pbs-power-forecast"
         self.cycle = float(cycle)
         self.sleep_mode = config.mode == MODE_RAMP_RATE
         self.store = MemoryStore()
@@ -423,7 +428,7 @@ class PbsPower(Manager):
         longest = max([cfg.node_boot_time, cfg.node_wake_time]
                       + [secs for per in boot_times(store).values() for secs in per.values()])
         horizon = 2 * longest + cfg.min_node_down_delay + 2 * cfg.cycle_interval
-        for _j, start, nodes in self.engine.estimates(now, fit=True):
+        for _j, start, nodes in self.engine.estimates(now, self.forecast):
             if start - horizon > now:
                 until = min(until, start - horizon)
             elif any(n.marked or n.state in (DOWN, SHUTTING, BOOTING) for n in nodes):
@@ -439,7 +444,7 @@ class PbsPower(Manager):
         Hosts in flight or failed are always in.
         """
         in_flight = {t.host for t in self.store.transitions()}
-        estimates = self.engine.estimates(now, fit=True)
+        estimates = self.engine.estimates(now, self.forecast)
         jobs = tuple(QueuedJob(self.engine.job_ids[j], start, tuple(n.name for n in nodes))
                      for j, start, nodes in estimates)
         if not self.prune or self.cfg.min_idle_nodes:
@@ -487,6 +492,8 @@ def build(name: str, config: HookConfig, cycle: float, log=None) -> Manager:
         return AlwaysOn()
     if name == "pbs-power":
         return PbsPower(config, cycle, log)
+    if name == "pbs-power-forecast":
+        return PbsPower(config, cycle, log, forecast=True)
     if name == "slurm":
         return SlurmPowerSave(config)
     if name == "openpbs":

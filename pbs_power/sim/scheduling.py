@@ -131,7 +131,7 @@ class Scheduling:
             self._schedule(t)
 
     # -- what the calendar tells a PBS power hook -----------------------------------
-    def estimates(self, t: float, fit: bool = False
+    def estimates(self, t: float, fit: object = False
                   ) -> List[Tuple[int, float, List[Node]]]:
         """The top job's estimated start and nodes, as a stock PBS scheduler gives it.
 
@@ -146,12 +146,15 @@ class Scheduling:
         left follow, each with ``t``, as the pbs-power hook places them
         itself (queue order, free nodes first, a job that does not fit takes
         nothing); only those that need a node that is not up are listed.
+        With ``fit="calendar"``, every queued job gets the start an EASY
+        calendar of the running jobs' walltimes gives it (`_calendar`): a
+        forecast a hook could compute from qstat, which none does yet.
         The answer is shared until the cluster changes: do not modify it.
         """
         key = (self.version, t, fit)
         if self._estimated is not None and self._estimated[0] == key:
             return self._estimated[1]
-        out = self._estimate(t, fit)
+        out = self._calendar(t) if fit == "calendar" else self._estimate(t, bool(fit))
         self._estimated = (key, out)
         return out
 
@@ -183,6 +186,44 @@ class Scheduling:
                 if front + width > awake:
                     out.append((j, t, pool[front:front + width]))
                 front += width
+        return out
+
+    def _calendar(self, t: float) -> List[Tuple[int, float, List[Node]]]:
+        """Every queued job's start and nodes under EASY backfilling.
+
+        Jobs that fit now in the free, waking or sleeping nodes get ``t``;
+        the first that does not, its shadow time and the nodes freed by then
+        plus what it needs of the rest. Later jobs get ``t`` when they fit
+        without delaying it: one ending before the shadow time may use its
+        nodes, one running past it only the nodes it leaves (from the back).
+        """
+        pool, _awake = self._calendar_pool()
+        size = len(pool)
+        out: List[Tuple[int, float, List[Node]]] = []
+        front = back = held_to = 0
+        shadow: Optional[float] = None
+        for j in self.queue:
+            width = self.width[j]
+            if shadow is None:
+                if width <= size - front - back:
+                    out.append((j, t, pool[front:front + width]))
+                    front += width
+                    continue
+                shadow, nodes = self._top_estimate(width, size - front - back, t)
+                if nodes is None:
+                    continue
+                held_to = front + (width - len(nodes))
+                out.append((j, shadow, nodes + pool[front:held_to]))
+                continue
+            if t + self.wall[j] <= shadow:
+                if width <= size - front - back:
+                    out.append((j, t, pool[front:front + width]))
+                    front += width
+            elif width <= size - max(front, held_to) - back:
+                out.append((j, t, pool[size - back - width:size - back]))
+                back += width
+            if front + back >= size:
+                break
         return out
 
     def _top_estimate(self, width: int, have: int, t: float

@@ -360,6 +360,25 @@ def test_estimates_count_sleeping_nodes_now_and_the_hook_fit_adds_later_jobs():
         ("T", 30.0, ["n00002", "n00003"]), ("D", 30.0, ["n00004"])]
 
 
+def test_forecast_calendar_gives_later_jobs_easy_starts():
+    # The pbs-power-forecast what-if: every queued job's EASY start. A holds
+    # n00001 until 1000; n00002..4 are free. B (2 nodes) fits now: n00002..3.
+    # C (2) is blocked: A's node at 1000 plus n00004, held. D (1 node,
+    # 5000 s) would run past 1000 and no node is left that C does not hold.
+    # E (1 node, 10 s) ends long before 1000: it may use n00004 now.
+    jobs = [job("A", 0, 1, 900, 1000), job("B", 10, 2, 10), job("C", 20, 2, 10),
+            job("D", 25, 1, 5000), job("E", 26, 1, 10)]
+    assert _calendar(jobs, 4, [0], [1, 2, 3, 4], 30.0, fit="calendar") == [
+        ("B", 30.0, ["n00002", "n00003"]), ("C", 1000.0, ["n00001", "n00004"]),
+        ("E", 30.0, ["n00004"])]
+    # A long job that runs past the shadow takes what the top job leaves, from the back.
+    jobs = [job("A", 0, 2, 900, 1000), job("T", 10, 5, 10), job("L", 20, 1, 5000),
+            job("S", 30, 1, 10)]
+    assert _calendar(jobs, 6, [0], [1, 2, 3], 30.0, fit="calendar") == [
+        ("T", 1000.0, ["n00001", "n00002", "n00003", "n00004", "n00005"]),
+        ("L", 30.0, ["n00006"]), ("S", 30.0, ["n00003"])]
+
+
 def test_memory_store_estimates_match_the_sqlite_store(tmp_path):
     rng = random.Random(5)
     mem, disk = MemoryStore(), Store.open(str(tmp_path / "state"))

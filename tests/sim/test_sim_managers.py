@@ -314,7 +314,8 @@ def test_cli_bundled_sample_json(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--managers", "always-on,bogus"],
-     "unknown manager(s): bogus (known: always-on, pbs-power, slurm, openpbs)"),
+     "unknown manager(s): bogus (known: always-on, pbs-power, slurm, openpbs, "
+     "pbs-power-forecast)"),
     (["--window", "0:1d"], "--window needs --trace"),
 ])
 def test_cli_usage_errors(capsys, argv, message):
