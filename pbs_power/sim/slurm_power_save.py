@@ -17,6 +17,8 @@ SLURM_PASS_S = 10
 #: ResumeTimeout as a site sets it: above its longest boot (the default, 60 s,
 #: is shorter than most boots and would set every resumed node DOWN).
 SLURM_RESUME_TIMEOUT = 600.0
+#: How often the model looks again at nodes SuspendExcNodes=ALL:N spares.
+SPARE_RECHECK_S = 60.0
 
 
 class _Tokens:
@@ -133,13 +135,16 @@ class SlurmPowerSave(Manager):
                 self.resumes.spend()
                 engine.timer(now + self.resume_timeout, ("resume-timeout", node))
         spare = self._spared()
-        waiting = False
+        waiting = held = False
         for idx in sorted(self._idle):
             node = engine.nodes[idx]
             if node.state != IDLE or node.job is not None or node.failed:
                 self._idle.discard(idx)
                 continue
-            if idx in spare or not node.idle_since < now - self.suspend_time:
+            if not node.idle_since < now - self.suspend_time:
+                continue
+            if idx in spare:
+                held = True
                 continue
             if self.suspends.get(now) <= 0:
                 waiting = True
@@ -147,8 +152,12 @@ class SlurmPowerSave(Manager):
             if engine.power_down(node, now):
                 self.suspends.spend()
                 self._idle.discard(idx)
-        if waiting or self._to_resume or spare:
+        if waiting or self._to_resume:
             self._pass_at(now + SLURM_PASS_S)
+        elif held:
+            # Jobs starting shrink the spared set without telling the
+            # manager: look again a minute later (not every 10 s pass).
+            self._pass_at(now + SPARE_RECHECK_S)
 
     def _spared(self) -> set:
         """SuspendExcNodes=ALL:N: the first N idle nodes less the allocated ones."""
