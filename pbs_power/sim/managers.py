@@ -16,7 +16,7 @@ no code of theirs is copied.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
 from pbs_power.states.cycle import Cycle, boot_times
