@@ -5,15 +5,20 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from pbs_power.config.hook_config import ConfigError, load_config
 
 MANAGER_HELP = ("always-on (the baseline: never powers down), pbs-power (this "
-                "package's hook logic), slurm (Slurm's power save: SuspendTime = "
-                "node_idle_limit, SuspendRate 60 and ResumeRate 300 per minute, resume "
-                "on allocation), openpbs (OpenPBS's PBS_power hook: first 100 queued "
-                "jobs, fixed 900 s boot, max_concurrent_nodes per run)")
+                "package's hook logic), slurm (slurmctld's power save: SuspendTime = "
+                "node_idle_limit, SuspendRate 60 and ResumeRate 300 per minute as tokens "
+                "refilled every 10 s pass, resume on allocation, ResumeTimeout 600 s, "
+                "SuspendExcNodes=ALL:min_idle_nodes), openpbs (OpenPBS's PBS_power hook "
+                "as shipped: every 300 s, at most 5 power-offs and 5 power-ons, fixed "
+                "900 s boot), pbs-power-forecast (a what-if, not in the default list: "
+                "pbs-power fed an EASY calendar of every queued job's start, a forecast "
+                "the PBS hook does not compute yet)")
+NODE_POWER_KEYS = ("busy", "idle", "sleep", "off", "boot")
 
 
 def positive_int(text: str) -> int:
@@ -63,6 +68,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--node-type", choices=("cpu", "gpu"), default="cpu",
                    help="watts and boot times of a typical CPU or 4-GPU node (cpu; "
                         "use gpu for a GPU pod list)")
+    p.add_argument("--node-power", metavar="STATE=W,...",
+                   help="node watts by state, overriding --node-type and the config's "
+                        "node_power, e.g. busy=450,idle=250,off=10 (states: %s)"
+                        % ", ".join(NODE_POWER_KEYS))
     p.add_argument("--seed", type=int, default=1, help="seed for per-node boot times (1)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table")
     p.add_argument("--plot", metavar="OUT.png",
@@ -86,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         trace, jobs, nodes, per_node = _workload(args)
         config = _config(args.config)
-        model = _model(args.node_type, config)
+        model = _model(args.node_type, config, args.node_power)
     except (OSError, ValueError, ConfigError) as exc:
         return _fail(str(exc))
     if not jobs:
@@ -120,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
 LEGEND = """
 added wait: how much later than under always-on a job started (mean, 95th percentile, worst).
-delayed by power: jobs that waited for a node to boot or wake. cycles/node-day: power-downs
+start change mean: the plain mean of start changes (earlier starts offset later ones).
+delayed: jobs that started later than under always-on. cycles/node-day: power-downs
 per node per day. peak ramp: the largest change of cluster power within one minute; min over
 ramp: minutes whose change exceeded max_ramp_watts_per_minute (%s).
 Next: --trace YOUR.swf (your own workload; --window 30d:60d for part of it), --config
@@ -172,14 +182,36 @@ def _config(path: Optional[str]):
     return config
 
 
-def _model(node_type: str, config):
+def _model(node_type: str, config, node_power: Optional[str] = None):
+    """The node model: the type's ASSUMED watts, then the config's node_power, then --node-power."""
     from pbs_power.sim.nodes import NODE_MODELS
     model = NODE_MODELS[node_type]
     if config.node_power is not None:
         p = config.node_power
         model = model.with_overrides(dict(busy_watts=p.busy_watts, idle_watts=p.idle_watts,
                                           sleep_watts=p.sleep_watts, off_watts=p.off_watts))
+    if node_power:
+        model = model.with_overrides(parse_node_power(node_power))
     return model
+
+
+def parse_node_power(text: str) -> Dict[str, float]:
+    """``busy=450,idle=250`` -> NodeModel fields; ValueError on anything else."""
+    values: Dict[str, float] = {}
+    for item in text.split(","):
+        key, eq, value = item.strip().partition("=")
+        key = key.strip().lower()
+        if not eq or key not in NODE_POWER_KEYS:
+            raise ValueError("--node-power: %r is not STATE=WATTS (states: %s)"
+                             % (item.strip(), ", ".join(NODE_POWER_KEYS)))
+        try:
+            watts = float(value)
+        except ValueError:
+            raise ValueError("--node-power: %r is not a number of watts" % value) from None
+        if not watts >= 0 or watts == float("inf"):
+            raise ValueError("--node-power: %s must be a finite number of watts >= 0" % key)
+        values[key + "_watts"] = watts
+    return values
 
 
 def _progress_bar():

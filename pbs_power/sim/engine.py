@@ -51,7 +51,13 @@ class Engine(Scheduling):
         self.count = [0] * 6
         self.count[IDLE] = len(nodes)
         self.failed = 0
+        self.unstarted = 0
         self._jobs(jobs)
+        start = self.submit[0] if self.submit else 0.0
+        for node in nodes:          # every manager: nodes up and idle since the first job
+            node.idle_since = node.changed = start
+        #: Slurm: nodes powering down and when SuspendTimeout frees them.
+        self.shutting_until: Dict[int, float] = {}
         self.queue: List[int] = []
         self.ends: List[Tuple[float, int]] = []      # (expected end, job), sorted
         self._pool: List[int] = list(range(len(nodes)))   # heap of usable idle nodes
@@ -64,6 +70,9 @@ class Engine(Scheduling):
         self._seq = 0
         self.now = 0.0
         self.energy_j = 0.0
+        #: The end of the energy interval (see energy_kwh) and the joules up to it.
+        self.cut = INF
+        self.energy_cut_j: Optional[float] = None
         self._last_t: Optional[float] = None
         self.samples: List[Tuple[float, float, int, int, int]] = []
         self._sample_every = float(sample_every)
@@ -98,10 +107,14 @@ class Engine(Scheduling):
         self._provisional: Dict[int, Tuple[float, int]] = {}   # its guessed end
 
     # -- the clock -----------------------------------------------------------
-    def run(self, progress: Optional[Callable[[float], None]] = None) -> "Engine":
+    def run(self, progress: Optional[Callable[[float], None]] = None,
+            give_up: float = INF) -> "Engine":
         """Replay every job; returns self with energy, samples and job starts filled.
 
-        ``progress(fraction_done)`` is called now and then when given.
+        ``progress(fraction_done)`` is called now and then when given. A
+        manager that keeps jobs from ever starting (a livelock of power-offs
+        and wakes) is given up on once the clock passes ``give_up``: the jobs
+        not started by then count as starting then (``unstarted`` says how many).
         """
         self.manager.attach(self)
         submit, total, ptr = self.submit, len(self.submit), 0
@@ -114,6 +127,11 @@ class Engine(Scheduling):
             t_ev = events[0][0] if events else INF
             t_sub = submit[ptr] if ptr < total else INF
             t = t_ev if t_ev < t_sub else t_sub
+            if t > give_up:
+                self._advance(give_up)
+                self.unstarted = sum(1 for s in self.start if s is None)
+                self.start = [give_up if s is None else s for s in self.start]
+                break
             if t == INF:
                 raise RuntimeError("simulation stalled with %d jobs unfinished "
                                    "(%d queued)" % (total - self.done, len(self.queue)))
@@ -165,6 +183,8 @@ class Engine(Scheduling):
         while self._next_sample <= t:
             self._sample(self._next_sample)
             self._next_sample += self._sample_every
+        if self._last_t < self.cut <= t:
+            self.energy_cut_j = self.energy_j + self.power() * (self.cut - self._last_t)
         self.energy_j += self.power() * (t - self._last_t)
         self._last_t = self.now = t
 
@@ -204,7 +224,7 @@ class Engine(Scheduling):
         self.manager.on_idle(freed, t)
 
     def _to_pool(self, node: Node) -> None:
-        if not node.marked and not self._in_pool[node.idx]:
+        if not node.marked and not node.failed and not self._in_pool[node.idx]:
             self._in_pool[node.idx] = True
             self.pool_size += 1
             heapq.heappush(self._pool, node.idx)
@@ -273,6 +293,8 @@ class Engine(Scheduling):
         low = self.watts[DOWN]
         self._step(t, -(self.model.idle_watts - low))
         secs = self.model.sleep_seconds if self.sleep_mode else self.model.shutdown_seconds
+        if self.slurm:
+            self.shutting_until[node.idx] = t + secs
         self.push(t + secs, DOWN_DONE, node.idx)
         self._dirty = True
         return True
@@ -305,6 +327,7 @@ class Engine(Scheduling):
         node = self.nodes[idx]
         self._set(node, DOWN)
         node.down_since = t
+        self.shutting_until.pop(idx, None)
         if node.pending_up:
             node.pending_up = False
             self.power_up(node, t)
@@ -350,6 +373,30 @@ class Engine(Scheduling):
                 self._in_down[node.idx] = False
                 self.down_free -= 1
 
+    def requeue(self, j: int, t: float) -> None:
+        """Slurm: give a job waiting for its nodes back to the queue (a resume timed out)."""
+        self.version += 1
+        for idx in self.alloc[j]:
+            node = self.nodes[idx]
+            node.job = None
+            if node.state == HELD:
+                self._set(node, IDLE)
+                node.idle_since = node.changed = t
+                self._to_pool(node)
+            elif node.state == DOWN and not node.failed and not self._in_down[idx]:
+                self._in_down[idx] = True          # allocated, never resumed
+                self.down_free += 1
+                heapq.heappush(self._down, idx)
+        self.alloc[j] = ()
+        self._waiting.pop(j, None)
+        key = self._provisional.pop(j, None)
+        if key is not None:
+            i = bisect.bisect_left(self.ends, key)
+            if i < len(self.ends) and self.ends[i] == key:
+                del self.ends[i]
+        bisect.insort(self.queue, j)
+        self._dirty = True
+
     def mark(self, node: Node, asleep: bool) -> None:
         """Set or clear the PBS sleep mark (a marked node takes no new job)."""
         if node.marked == asleep:
@@ -370,10 +417,18 @@ class Engine(Scheduling):
 
     # -- after the run -------------------------------------------------------------
     def energy_kwh(self, until: Optional[float] = None) -> float:
-        """Energy used, extended at the final power level to ``until`` if later."""
+        """Energy used up to ``until``: cut there if the run went on past it
+        (``until`` must then be the ``cut`` set before the run), else extended
+        at the final power level."""
         joules = self.energy_j
-        if until is not None and self._last_t is not None and until > self._last_t:
-            joules += self.power() * (until - self._last_t)
+        if until is not None and self._last_t is not None:
+            if until > self._last_t:
+                joules += self.power() * (until - self._last_t)
+            elif until < self._last_t:
+                if until != self.cut or self.energy_cut_j is None:
+                    raise ValueError("energy up to %s needs cut set to it before the run"
+                                     % until)
+                joules = self.energy_cut_j
         return joules / 3.6e6
 
     def node_cycles(self) -> int:

@@ -1,165 +1,62 @@
-"""The power managers the simulator compares, each as its system documents it.
+"""The power managers the simulator compares, each as its system behaves.
 
 * ``always-on``: nothing is ever powered down (the baseline).
 * ``pbs-power``: our `Cycle` (reconcile, planner, backend, marks) run every
   ``cycle`` seconds over the snapshot a PBS server would show, with an
   in-memory store and a backend that drives the simulated nodes.
-* ``slurm``: Slurm's power save as its slurm.conf documentation describes it:
-  a node idle for SuspendTime is suspended, at most SuspendRate per minute;
-  a powered-down node is resumed only when a job is allocated to it, at most
-  ResumeRate per minute; SuspendExcNodes are never suspended.
-* ``openpbs``: OpenPBS's PBS_power periodic hook as documented: every run it
-  powers off nodes idle longer than node_idle_limit and wakes the sleeping
-  nodes of the first 100 queued jobs that start within a fixed 900 s boot
-  assumption, at most max_concurrent_nodes nodes per run.
+* ``slurm``: slurmctld's power save (src/slurmctld/power_save.c): 10 s
+  passes, SuspendRate/ResumeRate token buckets, resume on allocation,
+  SuspendExcNodes (with a count when pbs-power keeps a warm pool),
+  ResumeTimeout.
+* ``openpbs``: OpenPBS's PBS_power periodic hook with its shipped
+  PBS_power.CF and .HK: every 300 s at most 5 power-offs and 5 power-ons.
 
-The baselines are written from those descriptions, not from their code.
+The baselines follow their systems' sources (cited where they are modelled);
+no code of theirs is copied.
 """
 from __future__ import annotations
 
-from collections import deque
-from typing import Deque, Dict, List, Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
 from pbs_power.states.cycle import Cycle, boot_times
 from ..devices.base import HostPower, PowerBackend, Result
 from pbs_power.states.model import Phase, PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
 from .memstore import MemoryStore
+from .scheduling import INF
+from .manager import AlwaysOn, Manager  # noqa: F401  (re-exported)
+from .slurm_power_save import (SLURM_RESUME_RATE, SLURM_SUSPEND_RATE,  # noqa: F401
+                               SlurmPowerSave)
 from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 
-MANAGERS = ("always-on", "pbs-power", "slurm", "openpbs")
-#: OpenPBS PBS_power: queued jobs analysed per run, and its fixed boot assumption.
-OPENPBS_JOBS = 100
+MANAGERS = ("always-on", "pbs-power", "slurm", "openpbs", "pbs-power-forecast")
+#: OpenPBS PBS_power as shipped: its fixed boot assumption (PBS_power.PY), nodes
+#: powered off and on per run (max_concurrent_nodes in PBS_power.CF) and the
+#: seconds between runs (freq in PBS_power.HK).
 OPENPBS_BOOT = 900.0
-#: slurm.conf defaults (nodes per minute) for SuspendRate and ResumeRate.
-SLURM_SUSPEND_RATE = 60
-SLURM_RESUME_RATE = 300
-
-
-class Manager:
-    """Does nothing; the hooks every manager may override."""
-
-    name = "always-on"
-    scheduler = "pbs"
-    sleep_mode = False
-
-    def attach(self, engine) -> None:
-        self.engine = engine
-
-    def on_cycle(self, now: float) -> None:
-        """A periodic run (only for managers that asked ``engine.every``)."""
-
-    def on_timer(self, now: float, arg) -> None:
-        """A timer the manager set."""
-
-    def on_idle(self, nodes: List[Node], now: float) -> None:
-        """Nodes just became idle (their job ended)."""
-
-    def on_allocated_down(self, nodes: List[Node], now: float) -> None:
-        """Slurm only: powered-down nodes were allocated to a job."""
-
-    def on_down(self, node: Node, now: float) -> None:
-        """A node finished going down."""
-
-    def on_up(self, node: Node, now: float) -> None:
-        """A node finished coming up."""
-
-
-class AlwaysOn(Manager):
-    name = "always-on"
-
-
-class _RateLimit:
-    """At most ``per_minute`` events in any 60 s (0: unlimited), oldest first."""
-
-    def __init__(self, per_minute: int):
-        self.per_minute = int(per_minute)
-        self.times: Deque[float] = deque()
-
-    def room(self, now: float) -> int:
-        if self.per_minute <= 0:
-            return 1 << 30
-        while self.times and self.times[0] + 60.0 <= now:
-            self.times.popleft()
-        return self.per_minute - len(self.times)
-
-    def take(self, now: float) -> None:
-        if self.per_minute > 0:
-            self.times.append(now)
-
-    def next_room(self) -> float:
-        return self.times[0] + 60.0
-
-
-class SlurmPowerSave(Manager):
-    """Slurm's power save: SuspendTime = node_idle_limit, SuspendExcNodes =
-    exclude_nodes, SuspendRate and ResumeRate at Slurm's defaults (60 and 300)."""
-
-    name = "slurm"
-    scheduler = "slurm"
-
-    def __init__(self, config: HookConfig, suspend_rate: int = SLURM_SUSPEND_RATE,
-                 resume_rate: int = SLURM_RESUME_RATE):
-        self.suspend_time = float(config.node_idle_limit)
-        self.suspends = _RateLimit(suspend_rate)
-        self.resumes = _RateLimit(resume_rate)
-        self.excluded = config.excluded_hosts
-        self.sleep_mode = config.mode == MODE_RAMP_RATE
-        self._to_suspend: Deque[Node] = deque()
-        self._to_resume: Deque[Node] = deque()
-        self._timer_at: Optional[float] = None
-
-    def attach(self, engine) -> None:
-        super().attach(engine)
-        self.on_idle([n for n in engine.nodes], 0.0 if not engine.submit else engine.submit[0])
-
-    def on_idle(self, nodes: List[Node], now: float) -> None:
-        for node in nodes:
-            if node.name not in self.excluded:
-                self.engine.timer(now + self.suspend_time, ("idle", node, now))
-
-    def on_up(self, node: Node, now: float) -> None:
-        if node.job is None:
-            self.on_idle([node], now)
-
-    def on_allocated_down(self, nodes: List[Node], now: float) -> None:
-        self._to_resume.extend(nodes)
-        self._drain(now)
-
-    def on_timer(self, now: float, arg) -> None:
-        if arg[0] == "idle":
-            node, since = arg[1], arg[2]
-            if node.state == IDLE and node.job is None and node.idle_since <= since:
-                self._to_suspend.append(node)
-        else:
-            self._timer_at = None
-        self._drain(now)
-
-    def _drain(self, now: float) -> None:
-        engine = self.engine
-        while self._to_resume and self.resumes.room(now) > 0:
-            if engine.power_up(self._to_resume.popleft(), now):
-                self.resumes.take(now)
-        while self._to_suspend and self.suspends.room(now) > 0:
-            node = self._to_suspend.popleft()
-            if node.state == IDLE and node.job is None and now - node.idle_since >= self.suspend_time:
-                if engine.power_down(node, now):
-                    self.suspends.take(now)
-        waits = [lim.next_room() for lim, q in ((self.resumes, self._to_resume),
-                                                (self.suspends, self._to_suspend)) if q]
-        if waits and self._timer_at is None:
-            self._timer_at = min(waits)
-            engine.timer(self._timer_at, ("rate",))
+OPENPBS_MAX_CONCURRENT = 5
+OPENPBS_FREQ = 300.0
 
 
 class OpenPBSPower(Manager):
-    """OpenPBS's PBS_power periodic hook, from its documentation."""
+    """OpenPBS's PBS_power periodic hook as shipped (src/modules/python/pbs_hooks).
+
+    Every ``freq`` (300 s, PBS_power.HK) it powers off up to
+    max_concurrent_nodes (5, PBS_power.CF) free nodes whose last_used_time
+    is more than node_idle_limit ago, and powers on, counted apart, up to 5
+    sleeping nodes that a queued job's estimated exec_vnode needs within
+    its fixed 900 s boot, unless they went down less than
+    min_node_down_delay ago. Power-offs look at state, idle time and
+    reservations only (none here), never at the queue.
+    """
 
     name = "openpbs"
 
-    def __init__(self, config: HookConfig, cycle: float):
+    def __init__(self, config: HookConfig, freq: float = OPENPBS_FREQ,
+                 max_concurrent: int = OPENPBS_MAX_CONCURRENT):
         self.cfg = config
-        self.cycle = float(cycle)
+        self.cycle = float(freq)
+        self.max_concurrent = int(max_concurrent)
         self.sleep_mode = config.mode == MODE_RAMP_RATE
 
     def attach(self, engine) -> None:
@@ -167,30 +64,33 @@ class OpenPBSPower(Manager):
         engine.every(self.cycle, engine.submit[0] if engine.submit else 0.0)
 
     def on_cycle(self, now: float) -> None:
-        engine, budget = self.engine, self.cfg.max_concurrent_nodes
+        engine, cfg = self.engine, self.cfg
         for node in engine.nodes:                  # the MoM is back: clear sleep
             if node.marked and node.state == IDLE:
                 engine.mark(node, False)
-        needed = set()
-        for _j, start, nodes in engine.estimates(now, limit=OPENPBS_JOBS):
-            needed.update(n.idx for n in nodes)
-            if start > now + OPENPBS_BOOT:
-                continue
+        needed_by: Dict[int, float] = {}
+        for _j, start, nodes in engine.estimates(now):
             for node in nodes:
-                if budget > 0 and node.state == DOWN and (
-                        node.down_since is None
-                        or now - node.down_since >= self.cfg.min_node_down_delay):
-                    engine.power_up(node, now)
-                    budget -= 1
+                if start < needed_by.get(node.idx, INF):
+                    needed_by[node.idx] = start
+        offs, ons = [], []
         for node in engine.nodes:
-            if budget <= 0:
-                return
-            if (node.state == IDLE and node.job is None and not node.marked
-                    and node.idx not in needed and node.name not in self.cfg.excluded_hosts
-                    and now - max(node.idle_since, node.changed) > self.cfg.node_idle_limit):
-                engine.mark(node, True)
-                engine.power_down(node, now)
-                budget -= 1
+            if len(offs) >= self.max_concurrent and len(ons) >= self.max_concurrent:
+                break
+            if node.state == IDLE and not node.marked:
+                if (len(offs) < self.max_concurrent and node.job is None
+                        and node.name not in cfg.excluded_hosts
+                        and now - node.idle_since > cfg.node_idle_limit):
+                    offs.append(node)
+            elif (len(ons) < self.max_concurrent and node.state == DOWN and not node.failed
+                  and needed_by.get(node.idx, INF) < now + OPENPBS_BOOT
+                  and now - node.changed >= cfg.min_node_down_delay):
+                ons.append(node)
+        for node in offs:
+            engine.mark(node, True)
+            engine.power_down(node, now)
+        for node in ons:
+            engine.power_up(node, now)
 
 
 class SimBackend(PowerBackend):
@@ -236,8 +136,13 @@ class PbsPower(Manager):
     name = "pbs-power"
 
     def __init__(self, config: HookConfig, cycle: float, log=None, skip_quiet: bool = True,
-                 prune: bool = True):
+                 prune: bool = True, forecast: bool = False):
         self.cfg = config
+        #: the queued jobs the hook sees: its own fit of the jobs that can run
+        #: now, or (``forecast``) an EASY calendar of every queued job's start
+        self.forecast: object = "calendar" if forecast else True
+        if forecast:
+            self.name = "pbs-power-forecast"
         self.cycle = float(cycle)
         self.sleep_mode = config.mode == MODE_RAMP_RATE
         self.store = MemoryStore()
@@ -337,7 +242,7 @@ class PbsPower(Manager):
         longest = max([cfg.node_boot_time, cfg.node_wake_time]
                       + [secs for per in boot_times(store).values() for secs in per.values()])
         horizon = 2 * longest + cfg.min_node_down_delay + 2 * cfg.cycle_interval
-        for _j, start, nodes in self.engine.estimates(now):
+        for _j, start, nodes in self.engine.estimates(now, self.forecast):
             if start - horizon > now:
                 until = min(until, start - horizon)
             elif any(n.marked or n.state in (DOWN, SHUTTING, BOOTING) for n in nodes):
@@ -353,7 +258,7 @@ class PbsPower(Manager):
         Hosts in flight or failed are always in.
         """
         in_flight = {t.host for t in self.store.transitions()}
-        estimates = self.engine.estimates(now)
+        estimates = self.engine.estimates(now, self.forecast)
         jobs = tuple(QueuedJob(self.engine.job_ids[j], start, tuple(n.name for n in nodes))
                      for j, start, nodes in estimates)
         if not self.prune or self.cfg.min_idle_nodes:
@@ -401,8 +306,10 @@ def build(name: str, config: HookConfig, cycle: float, log=None) -> Manager:
         return AlwaysOn()
     if name == "pbs-power":
         return PbsPower(config, cycle, log)
+    if name == "pbs-power-forecast":
+        return PbsPower(config, cycle, log, forecast=True)
     if name == "slurm":
         return SlurmPowerSave(config)
     if name == "openpbs":
-        return OpenPBSPower(config, cycle)
+        return OpenPBSPower(config)
     raise ValueError("unknown manager %r (known: %s)" % (name, ", ".join(MANAGERS)))

@@ -21,6 +21,12 @@ STATE_NAMES = ("idle", "busy", "shutting_down", "down", "booting", "held")
 class NodeModel:
     """Watts and seconds of one node type; ``down_watts`` is off or asleep by mode.
 
+    The watts are ASSUMED round figures for a dual-socket CPU node at the
+    wall (no single measured machine stands behind them); give your own with
+    ``--node-power`` or the hook config's ``node_power``. ``shutdown_seconds``
+    is 30 s, Slurm's default SuspendTimeout, so every manager's node goes
+    down in the time Slurm would wait for it.
+
     ``boot_seconds`` is the mean boot time and ``boot_spread`` the fraction
     by which a node's own boot time may differ from it (uniform, per node),
     ``boot_noise`` the extra random fraction of each single boot.
@@ -36,7 +42,7 @@ class NodeModel:
     boot_spread: float = 0.5
     boot_noise: float = 0.05
     wake_seconds: float = 30.0
-    shutdown_seconds: float = 60.0
+    shutdown_seconds: float = 30.0
     sleep_seconds: float = 10.0
 
     def with_overrides(self, values: Mapping[str, Any]) -> "NodeModel":
@@ -49,7 +55,7 @@ class NodeModel:
         return replace(self, **{k: (v if k == "name" else float(v)) for k, v in values.items()})
 
 
-#: Defaults for a typical dual-socket CPU node and a 4-GPU node (watts at the wall).
+#: ASSUMED defaults for a dual-socket CPU node and a 4-GPU node (watts at the wall).
 NODE_MODELS: Dict[str, NodeModel] = {
     "cpu": NodeModel(),
     "gpu": NodeModel(name="gpu", busy_watts=2400.0, idle_watts=600.0, sleep_watts=150.0,

@@ -5,7 +5,8 @@ counts (see ``engine.py`` for the two scheduler flavours, ``pbs`` and ``slurm``)
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import heapq
+from typing import Iterable, List, Optional, Tuple
 
 from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 
@@ -27,12 +28,22 @@ class Scheduling:
         return len(self.nodes) - c[BUSY] - c[HELD] - self.failed
 
     def shadow(self, width: int, t: float) -> Tuple[float, int]:
-        """When ``width`` nodes are expected free (walltimes), and the spare then."""
+        """When ``width`` nodes are expected free (walltimes), and the spare then.
+
+        Slurm: a node powering down is out of the allocatable nodes until
+        its SuspendTimeout ends, then allocatable while powered down
+        (power_save.c clears it from avail_node_bitmap, "Don't allocate until
+        after SuspendTimeout", and make_node_avail()s it once the timeout
+        passed), so it counts from then on.
+        """
         have = self.potential()
         if width <= have:
             return t, have - width
-        for end, j in self.ends:
-            have += self.width[j]
+        ends: Iterable[Tuple[float, int]] = self.ends
+        if self.slurm and self.shutting_until:
+            ends = heapq.merge(ends, sorted((u, -1) for u in self.shutting_until.values()))
+        for end, j in ends:
+            have += self.width[j] if j >= 0 else 1
             if have >= width:
                 return max(end, t), have - width
         return INF, 0
@@ -71,6 +82,9 @@ class Scheduling:
                     # free nodes for it (they come first in its exec_vnode), so
                     # backfilling must not eat the nodes woken for it.
                     extra = 0
+                    if self.power_since[j] is None:
+                        self.power_since[j] = t
+                    break
                 if self.power_since[j] is None and width <= self.potential():
                     self.power_since[j] = t           # only power keeps it waiting
                 continue
@@ -117,37 +131,78 @@ class Scheduling:
             self._schedule(t)
 
     # -- what the calendar tells a PBS power hook -----------------------------------
-    def estimates(self, t: float, limit: Optional[int] = None
+    def estimates(self, t: float, fit: object = False
                   ) -> List[Tuple[int, float, List[Node]]]:
-        """Queued jobs' estimated start and nodes, as PBS's calendar shows them.
+        """The top job's estimated start and nodes, as a stock PBS scheduler gives it.
 
-        Jobs that fit now in the nodes that are free, asleep or coming up get
-        ``t`` and nodes from those (free first, then coming up, then asleep).
-        The first job that does not fit gets its shadow time, the nodes freed
-        by then plus what it needs of the rest. Later jobs get ``t`` when
-        they fit without delaying it (EASY): a job that ends before the
-        shadow time may use its nodes, one that runs past it only the nodes
-        it leaves. Only the first ``limit`` queued jobs are looked at.
+        PBS estimates only top jobs (strict_ordering or backfill, with
+        backfill_depth 1): the first queued job. Sleeping and waking nodes
+        count as available now, as the pbs-power hook's own fit counts them
+        for its wake decision (a PBS_power server calendars them at
+        now + 600 s, which leads OpenPBS's hook to the same wakes). A top job
+        that fits now gets ``t`` and nodes, free first, then coming up, then
+        asleep; one that does not, its shadow time and the nodes freed by
+        then. With ``fit``, the later queued jobs that fit now in the nodes
+        left follow, each with ``t``, as the pbs-power hook places them
+        itself (queue order, free nodes first, a job that does not fit takes
+        nothing); only those that need a node that is not up are listed.
+        With ``fit="calendar"``, every queued job gets the start an EASY
+        calendar of the running jobs' walltimes gives it (`_calendar`): a
+        forecast a hook could compute from qstat, which none does yet.
         The answer is shared until the cluster changes: do not modify it.
         """
-        key = (self.version, t, limit)
+        key = (self.version, t, fit)
         if self._estimated is not None and self._estimated[0] == key:
             return self._estimated[1]
-        out = self._estimate(t, limit)
+        out = self._calendar(t) if fit == "calendar" else self._estimate(t, bool(fit))
         self._estimated = (key, out)
         return out
 
-    def _estimate(self, t: float, limit: Optional[int]
-                  ) -> List[Tuple[int, float, List[Node]]]:
-        pool = self._calendar_pool()
+    def _estimate(self, t: float, fit: bool) -> List[Tuple[int, float, List[Node]]]:
+        if not self.queue:
+            return []
+        pool, awake = self._calendar_pool()
+        size = len(pool)
+        top = self.queue[0]
+        width = self.width[top]
+        out: List[Tuple[int, float, List[Node]]] = []
+        if width <= size:
+            out.append((top, t, pool[:width]))
+            front = width
+        else:
+            shadow, nodes = self._top_estimate(width, size, t)
+            if nodes is None:             # can never fit: no estimate
+                front = 0
+            else:
+                front = width - len(nodes)
+                out.append((top, shadow, nodes + pool[:front]))
+        if not fit:
+            return out
+        for j in self.queue[1:]:
+            if front >= size:
+                break
+            width = self.width[j]
+            if width <= size - front:
+                if front + width > awake:
+                    out.append((j, t, pool[front:front + width]))
+                front += width
+        return out
+
+    def _calendar(self, t: float) -> List[Tuple[int, float, List[Node]]]:
+        """Every queued job's start and nodes under EASY backfilling.
+
+        Jobs that fit now in the free, waking or sleeping nodes get ``t``;
+        the first that does not, its shadow time and the nodes freed by then
+        plus what it needs of the rest. Later jobs get ``t`` when they fit
+        without delaying it: one ending before the shadow time may use its
+        nodes, one running past it only the nodes it leaves (from the back).
+        """
+        pool, _awake = self._calendar_pool()
         size = len(pool)
         out: List[Tuple[int, float, List[Node]]] = []
-        front = back = 0          # pool nodes taken from the front / the back
+        front = back = held_to = 0
         shadow: Optional[float] = None
-        held_to = 0               # the top job's pool nodes end at this index
-        for n, j in enumerate(self.queue):
-            if limit is not None and n >= limit:
-                break
+        for j in self.queue:
             width = self.width[j]
             if shadow is None:
                 if width <= size - front - back:
@@ -155,7 +210,7 @@ class Scheduling:
                     front += width
                     continue
                 shadow, nodes = self._top_estimate(width, size - front - back, t)
-                if nodes is None:             # can never fit: no estimate
+                if nodes is None:
                     continue
                 held_to = front + (width - len(nodes))
                 out.append((j, shadow, nodes + pool[front:held_to]))
@@ -186,7 +241,8 @@ class Scheduling:
             return INF, None
         return max(at, t), freed[:width]
 
-    def _calendar_pool(self) -> List[Node]:
+    def _calendar_pool(self) -> Tuple[List[Node], int]:
+        """Nodes without a job: free, then coming up, then asleep; and how many are free."""
         free, coming, asleep = [], [], []
         for node in self.nodes:
             if node.failed or node.job is not None:
@@ -198,4 +254,4 @@ class Scheduling:
                 coming.append(node)
             elif s in (DOWN, SHUTTING):
                 asleep.append(node)
-        return free + coming + asleep
+        return free + coming + asleep, len(free)

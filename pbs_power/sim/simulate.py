@@ -21,11 +21,20 @@ from .workload import SimJob
 SIM_DEFAULTS = dict(power_on_off_enable=True)
 
 Progress = Callable[[str, float], None]
+#: A manager whose jobs have not all started this long after the energy
+#: interval ends is stuck (its wakes and power-offs undo each other).
+GIVE_UP_S = 30 * 86400.0
 
 
 @dataclass
 class ManagerMetrics:
-    """How one manager did against always-on on the same jobs."""
+    """How one manager did against always-on on the same jobs, defined alike for all.
+
+    Energy is over the same fixed interval for every manager (`simulate`).
+    Added wait clips each job's start change at 0; ``start_change_mean_s``
+    is the plain mean, where jobs that start earlier offset later ones.
+    ``jobs_delayed_pct``: jobs that start later than under always-on.
+    """
 
     manager: str
     energy_kwh: float
@@ -33,13 +42,15 @@ class ManagerMetrics:
     added_wait_mean_s: float
     added_wait_p95_s: float
     added_wait_max_s: float
+    start_change_mean_s: float
     wait_mean_s: float
-    jobs_delayed_by_power_pct: float
-    power_wait_mean_s: float
+    jobs_delayed_pct: float
     power_cycles_per_node_day: float
     peak_ramp_w_per_min: float
     minutes_over_ramp_limit: int
     seconds: float
+    #: jobs never started before the run was given up on (their starts count then)
+    jobs_never_started: int = 0
 
     def as_dict(self) -> Dict[str, float]:
         return {k: (round(v, 3) if isinstance(v, float) else v)
@@ -65,6 +76,9 @@ def simulate(jobs: Sequence[SimJob], nodes: int, model: NodeModel,
 
     The periodic managers run every ``cycle`` seconds, by default the
     config's ``cycle_interval``; the planner is told the same period.
+    Energy is integrated for every manager over the same interval, fixed by
+    the workload and always-on alone: from the first submission to the later
+    of the last submission plus its walltime and always-on's last job end.
     """
     if not jobs:
         raise ValueError("no jobs to simulate")
@@ -74,24 +88,27 @@ def simulate(jobs: Sequence[SimJob], nodes: int, model: NodeModel,
         config = replace(config, cycle_interval=int(cycle))
     names = ["always-on"] + [m for m in managers if m != "always-on"]
     first = min(j.submit for j in jobs)
-    span_guess = max(j.submit for j in jobs) - first + max(j.runtime for j in jobs)
-    every = sample_every or max(60.0, span_guess / 1500.0)
+    end = max(j.submit + max(j.walltime, j.runtime) for j in jobs)
+    every = sample_every or max(60.0, (end - first) / 1500.0)
     engines: Dict[str, Engine] = {}
     took: Dict[str, float] = {}
     for name in names:
         began = time.perf_counter()
         engine = Engine(jobs, make_nodes(nodes, model, seed), model,
                         build(name, config, cycle), sample_every=every, seed=seed)
-        engine.run(progress=(lambda f, n=name: progress(n, f)) if progress else None)
+        engine.cut = end
+        engine.run(progress=(lambda f, n=name: progress(n, f)) if progress else None,
+                   give_up=end + GIVE_UP_S)
+        if name == "always-on":
+            end = max(end, engine.now)      # the baseline's run, whatever the others do
         engines[name] = engine
         took[name] = time.perf_counter() - began
-    horizon = max(e.now for e in engines.values())
     base = engines["always-on"]
-    base_kwh = base.energy_kwh(horizon)
-    metrics = [_metrics(name, engines[name], base, base_kwh, horizon - first, nodes,
-                        config.max_ramp_watts_per_minute, took[name], horizon)
+    base_kwh = base.energy_kwh(end)
+    metrics = [_metrics(name, engines[name], base, base_kwh, end - first, nodes,
+                        config.max_ramp_watts_per_minute, took[name], end)
                for name in names]
-    return Comparison(len(jobs), nodes, horizon - first, metrics,
+    return Comparison(len(jobs), nodes, end - first, metrics,
                       {name: e.samples for name, e in engines.items()})
 
 
@@ -100,9 +117,9 @@ def _metrics(name: str, e: Engine, base: Engine, base_kwh: float, span: float,
              horizon: float) -> ManagerMetrics:
     kwh = e.energy_kwh(horizon)
     waits = [s - sub for s, sub in zip(e.start, e.submit)]
-    added = sorted(max(0.0, (s - b)) for s, b in zip(e.start, base.start))
+    change = [s - b for s, b in zip(e.start, base.start)]
+    added = sorted(max(0.0, c) for c in change)
     count = len(added)
-    delayed = [w for w in e.power_wait if w > 0]
     steps = list(e.ramp_up.values()) + list(e.ramp_down.values())
     over = 0
     if ramp_limit is not None:
@@ -115,12 +132,12 @@ def _metrics(name: str, e: Engine, base: Engine, base_kwh: float, span: float,
         added_wait_mean_s=sum(added) / count,
         added_wait_p95_s=added[min(count - 1, int(math.ceil(0.95 * count)) - 1)],
         added_wait_max_s=added[-1],
+        start_change_mean_s=sum(change) / count,
         wait_mean_s=sum(waits) / count,
-        jobs_delayed_by_power_pct=100.0 * len(delayed) / count,
-        power_wait_mean_s=sum(delayed) / count,
+        jobs_delayed_pct=100.0 * len([c for c in change if c > 0.0]) / count,
         power_cycles_per_node_day=e.node_cycles() / node_days,
         peak_ramp_w_per_min=max(steps) if steps else 0.0,
-        minutes_over_ramp_limit=over, seconds=seconds)
+        minutes_over_ramp_limit=over, seconds=seconds, jobs_never_started=e.unstarted)
 
 
 def default_config(**overrides) -> HookConfig:

@@ -3,7 +3,7 @@ report and the ``pbs-power simulate`` command.
 
 The pbs-power manager runs the real `Cycle` (reconcile, planner, marks) over
 an in-memory store; expected times are worked out by hand from the planner's
-rules (comments give the arithmetic). Boots take exactly 300 s, shutdowns 60 s.
+rules (comments give the arithmetic). Boots take exactly 300 s, shutdowns 30 s.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from pbs_power.sim import report
 from pbs_power.sim.engine import Engine
 from pbs_power.sim.managers import PbsPower
 from pbs_power.sim.nodes import DOWN, make_nodes
-from pbs_power.sim.simulate import default_config, simulate
+from pbs_power.sim.managers import AlwaysOn
+from pbs_power.sim.simulate import _metrics, default_config, simulate
 from pbs_power.sim.swf import read_sample
 
 from sim_helpers import MODEL, STEP, job, run, starts
@@ -205,38 +206,54 @@ def test_simulate_metrics_against_always_on_by_hand():
     result = simulate(EIGHT, 8, MODEL, default_config(**RAMP), ["openpbs", "slurm"], cycle=300)
     m = _by_name(result)
     assert [x.manager for x in result.metrics] == ["always-on", "openpbs", "slurm"]
-    assert (result.jobs, result.nodes, result.span_s) == (2, 8, 20800.0)   # openpbs ends last
-    base = 3600 * 100 + 2000 * 19900 + 3600 * 100 + 2000 * 700   # idle to the 20800 horizon
+    # Every manager's energy over the same interval: the first submission to
+    # the last submission plus its walltime (B: 20000 + 100), not to the
+    # latest end among the managers.
+    assert (result.jobs, result.nodes, result.span_s) == (2, 8, 20100.0)
+    base = 3600 * 100 + 2000 * 19900 + 3600 * 100
     on = m["always-on"]
     assert on.energy_kwh == pytest.approx(base / 3.6e6, rel=1e-12)
     assert (on.saved_pct, on.added_wait_mean_s, on.added_wait_p95_s, on.added_wait_max_s,
-            on.wait_mean_s, on.jobs_delayed_by_power_pct, on.power_wait_mean_s,
+            on.start_change_mean_s, on.wait_mean_s, on.jobs_delayed_pct,
             on.power_cycles_per_node_day, on.peak_ramp_w_per_min,
             on.minutes_over_ramp_limit) == (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
-    # openpbs: 5 off at 900, 3 at 1200 (max_concurrent_nodes 5); B queued at
-    # 20000, 5 woken at 20100, 3 at 20400, all up at 20700: B waits 700 s.
+    # openpbs (freq 300, 5 per run): 5 off at 900, 3 at 1200 (30 s each); B
+    # queued at 20000, 5 woken at 20100, 3 at 20400, all up at 20700: B
+    # starts 700 s late. Energy stops at 20100 for every manager.
     op = m["openpbs"]
-    joules = (3600 * 100 + 2000 * 800 + (5 * 250 + 3 * 250) * 60 + (5 * 10 + 3 * 250) * 240
-              + (5 * 10 + 3 * 250) * 60 + 8 * 10 * (20100 - 1260)
-              + (5 * 300 + 3 * 10) * 300 + (5 * 250 + 3 * 300) * 300 + 3600 * 100)
+    joules = (3600 * 100 + 2000 * 800 + 2000 * 30 + (5 * 10 + 3 * 250) * 270
+              + (5 * 10 + 3 * 250) * 30 + 8 * 10 * (20100 - 1230))
     assert op.energy_kwh == pytest.approx(joules / 3.6e6, rel=1e-12)
     assert op.saved_pct == pytest.approx(100.0 * (base - joules) / base, rel=1e-12)
     assert (op.added_wait_mean_s, op.added_wait_p95_s, op.added_wait_max_s) == (350.0, 700.0, 700.0)
-    assert op.wait_mean_s == 350.0 and op.jobs_delayed_by_power_pct == 50.0
-    assert op.power_wait_mean_s == 350.0          # all of B's 700 s is power
-    assert op.power_cycles_per_node_day == pytest.approx(8 / (8 * 20800 / 86400.0))
+    assert op.start_change_mean_s == 350.0 and op.wait_mean_s == 350.0
+    assert op.jobs_delayed_pct == 50.0
+    assert op.power_cycles_per_node_day == pytest.approx(8 / (8 * 20100 / 86400.0))
     # ramp: 1200 W (5 nodes) and 720 W in each direction, all over the 500 W limit.
     assert (op.peak_ramp_w_per_min, op.minutes_over_ramp_limit) == (5 * STEP, 4)
-    # slurm: all 8 suspended at 700 (SuspendRate 60), resumed at 20000 on
-    # allocation, B starts at 20300: one job of two delayed, by 300 s.
+    # slurm: all 8 suspended at the 710 pass (10 tokens), down at 740,
+    # resumed at 20000 on allocation, B starts at 20300.
     sl = m["slurm"]
-    joules = (3600 * 100 + 2000 * 600 + 2000 * 60 + 80 * (20000 - 760) + 2400 * 300
-              + 3600 * 100 + 2000 * 400)
+    joules = (3600 * 100 + 2000 * 610 + 2000 * 30 + 80 * (20000 - 740) + 2400 * 100)
     assert sl.energy_kwh == pytest.approx(joules / 3.6e6, rel=1e-12)
     assert (sl.added_wait_mean_s, sl.added_wait_p95_s, sl.added_wait_max_s) == (150.0, 300.0, 300.0)
-    assert (sl.jobs_delayed_by_power_pct, sl.power_wait_mean_s) == (50.0, 150.0)
+    assert (sl.jobs_delayed_pct, sl.start_change_mean_s) == (50.0, 150.0)
     assert (sl.peak_ramp_w_per_min, sl.minutes_over_ramp_limit) == (8 * STEP, 2)
     assert set(result.samples) == {"always-on", "openpbs", "slurm"}
+
+
+def test_unclipped_mean_lets_earlier_starts_offset_later_ones():
+    # One job 300 s later, one 100 s earlier, one on time than under
+    # always-on: added wait clips the earlier one to 0, the plain mean does
+    # not; only the later one counts as delayed.
+    jobs = [job("A", 0, 1, 100), job("B", 10, 1, 100), job("C", 20, 1, 100)]
+    base = run(jobs, 3, AlwaysOn())
+    other = run(jobs, 3, AlwaysOn())
+    other.start = [base.start[0] + 300.0, base.start[1] - 100.0, base.start[2]]
+    m = _metrics("x", other, base, 1.0, 120.0, 3, None, 0.0, 120.0)
+    assert m.added_wait_mean_s == 100.0 and m.added_wait_max_s == 300.0
+    assert m.start_change_mean_s == pytest.approx(200.0 / 3)
+    assert m.jobs_delayed_pct == pytest.approx(100.0 / 3)
 
 
 def test_pbs_power_keeps_to_the_ramp_limit():
@@ -247,7 +264,7 @@ def test_pbs_power_keeps_to_the_ramp_limit():
     pp = _by_name(result)["pbs-power"]
     assert (pp.minutes_over_ramp_limit, pp.peak_ramp_w_per_min) == (0, 2 * STEP)
     assert pp.added_wait_max_s == 1300.0 and pp.saved_pct > 80.0
-    assert pp.power_cycles_per_node_day == pytest.approx(8 / (8 * 21400 / 86400.0))
+    assert pp.power_cycles_per_node_day == pytest.approx(8 / (8 * 20100 / 86400.0))
     without = simulate(EIGHT, 8, MODEL, default_config(node_idle_limit=600, max_concurrent_nodes=5),
                        ["pbs-power"])
     assert _by_name(without)["pbs-power"].peak_ramp_w_per_min == 5 * STEP   # max_concurrent_nodes
@@ -261,13 +278,14 @@ def test_simulate_refuses_an_empty_workload():
 def test_report_table_and_json():
     result = simulate(EIGHT, 8, MODEL, default_config(**RAMP), ["openpbs"], cycle=300)
     lines = report.table(result).splitlines()
-    assert lines[0].split("  ")[0] == "manager" and "delayed by power %" in lines[0]
+    assert lines[0].split("  ")[0] == "manager" and "delayed %" in lines[0]
+    assert "start change mean s" in lines[0]
     assert set(lines[1]) == {"-"} and len(lines[1]) == len(lines[0])
-    assert lines[3].split() == ["openpbs", "1", "87.4", "350", "700", "700", "50.0", "4.15",
-                                "1,200", "4"]
+    assert lines[3].split() == ["openpbs", "1", "90.7", "350", "700", "700", "350", "50.0",
+                                "4.30", "1,200", "4"]
     doc = json.loads(json.dumps(report.as_json(result, trace="t")))
-    assert (doc["trace"], doc["jobs"], doc["nodes"], doc["days"]) == ("t", 2, 8, 0.24)
-    assert doc["managers"]["openpbs"]["saved_pct"] == 87.378
+    assert (doc["trace"], doc["jobs"], doc["nodes"], doc["days"]) == ("t", 2, 8, 0.23)
+    assert doc["managers"]["openpbs"]["saved_pct"] == 90.697
     assert doc["managers"]["always-on"]["minutes_over_ramp_limit"] == 0
 
 
@@ -296,7 +314,8 @@ def test_cli_bundled_sample_json(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--managers", "always-on,bogus"],
-     "unknown manager(s): bogus (known: always-on, pbs-power, slurm, openpbs)"),
+     "unknown manager(s): bogus (known: always-on, pbs-power, slurm, openpbs, "
+     "pbs-power-forecast)"),
     (["--window", "0:1d"], "--window needs --trace"),
 ])
 def test_cli_usage_errors(capsys, argv, message):
@@ -320,6 +339,20 @@ def test_cli_trace_with_malformed_line_and_exact_energy(tmp_path, capsys):
     assert (doc["jobs"], doc["nodes"], list(doc["managers"])) == (2, 2, ["always-on"])
     assert doc["managers"]["always-on"]["energy_kwh"] == 1.0
     assert "t.swf: 2 jobs; skipped 1 malformed (line 5: 3 fields, need 18)" in err
+
+
+def test_cli_node_power_overrides_the_assumed_watts(tmp_path, capsys):
+    # The same two jobs with --node-power instead of the config: 1.0 kWh.
+    trace = tmp_path / "t.swf"
+    trace.write_text(HEADER + swf_line(1, 0, 3600, 1) + swf_line(2, 0, 1800, 2))
+    assert main(["simulate", "--trace", str(trace), "--managers", "always-on", "--json",
+                 "--node-power", "busy=400, idle=200"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["managers"]["always-on"]["energy_kwh"] == 1.0
+    assert main(["simulate", "--trace", str(trace), "--node-power", "busy=lots"]) == 2
+    assert "not a number of watts" in capsys.readouterr().err
+    assert main(["simulate", "--trace", str(trace), "--node-power", "hot=1"]) == 2
+    assert "is not STATE=WATTS" in capsys.readouterr().err
 
 
 def test_cli_truncated_gzip_trace_and_plot(tmp_path, capsys):
