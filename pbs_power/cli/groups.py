@@ -237,6 +237,9 @@ def add_parser(subparsers: Any) -> None:
              "Delete a resource group (deactivated first if active).", run_delete)
     p.add_argument("name", metavar="NAME", type=group_name)
 
+    from pbs_power.cli.collect import add_gc
+    add_gc(actions)
+
     p = leaf(actions, "list", "list resource groups",
              "List resource groups: name, external id, status, policy, nodes, applied "
              "policies.", run_list)

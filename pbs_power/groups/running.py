@@ -221,6 +221,11 @@ class OperationMixin:
             time.sleep(POLL_SECONDS * 5)
         return False
 
+    def repair(self, group_name: str) -> None:
+        """End an activation or deactivation whose process died midway (within budget);
+        nothing for a group that is not in one, or whose process still runs."""
+        self._repair(group_name)
+
     def _repair(self, group_name: str) -> None:
         """End an activation or deactivation whose process died midway (within budget)."""
         with self.store.transaction():

@@ -319,11 +319,16 @@ def cleanup_leaked(service, live_job_ids: Iterable[str], log: LogFn,
 
 
 def cleanup_after_qstat(config, live_job_ids: Iterable[str], before: float, log: LogFn) -> None:
-    """The periodic hook's cleanup, where resource groups are set up; errors only logged."""
+    """The periodic hook's cleanup, where resource groups are set up: groups left midway by
+    a killed process are repaired, groups of jobs PBS no longer has deleted; errors only
+    logged."""
     try:
         service = open_service(config, log, quiet=True)
         if service is not None:
             try:
+                from pbs_power.groups.collect import collect
+                for done in collect(service):
+                    log("warning", "%s: %s (%s)" % (done.group, done.action, done.why))
                 cleanup_leaked(service, live_job_ids, log, before=before)
             finally:
                 service.close()

@@ -140,4 +140,34 @@ def cycle_main(config: HookConfig, client: Optional[SlurmClient] = None,
     except (SlurmError, StoreError) as exc:
         log.error("slurm cycle: nothing done: %s", exc)
         return 1, None
+    if report.ran:
+        collect_job_groups(config, client, log, dry_run)
     return (1 if report.refused else 0), report
+
+
+def collect_job_groups(config: HookConfig, client: SlurmClient, log: logging.Logger,
+                       dry_run: bool = False) -> None:
+    """Repair interrupted groups and delete those of jobs Slurm no longer runs (an epilog
+    that never came); errors are logged, nothing else."""
+    import time
+    from pbs_power.groups.collect import collect
+    from pbs_power.groups.jobs import open_service
+    from pbs_power.states.sqlite import StoreError
+    from .jobs import LIVE_STATES, job_id_of_group
+    say = (lambda level, message: getattr(log, level)(message))
+    try:
+        service = open_service(config, say, quiet=True)
+        if service is None:
+            return
+        try:
+            before = time.time()
+            states = {job.id: job.state for job in client.jobs()}
+            done = collect(service, job_id_of_group,
+                           lambda job: states.get(job) in LIVE_STATES, dry_run, before)
+        finally:
+            service.close()
+    except (SlurmError, StoreError) as exc:
+        log.warning("resource groups not collected: %s", exc)
+        return
+    for c in done:
+        log.info("%s: %s%s (%s)", c.group, "would be " if dry_run else "", c.action, c.why)
