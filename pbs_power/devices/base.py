@@ -11,10 +11,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
 from pbs_power.states.model import PowerState, TransitionKind
-
-
-class BackendError(Exception):
-    """The backend as a whole cannot work (bad options, unreachable, ...)."""
+from .errors import BackendError  # noqa: F401  (part of the backends' API)
 
 
 @dataclass(frozen=True)

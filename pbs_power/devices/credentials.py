@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
-from .base import BackendError
+from .errors import BackendError
 
 KEYS = ("username", "password")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, Dict, Mapping, Optional, Tuple, Type
 
-from .base import BackendError
+from .errors import BackendError
 from .controller import DEFAULT_BACKEND, DeviceBackend
 
 #: device_options keys that configure the controller, not a backend.

@@ -34,7 +34,7 @@ from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 from pbs_power._records import evolve
 from pbs_power.groups.policy import (PolicyElementType, PolicyObject, PowerLimit, parse_gpu_policies,
                       parse_policy)
-from .base import BackendError
+from .errors import BackendError
 from .controller import DeviceBackend, DeviceRequest, DeviceResponse, GPUPolicyResult, failure
 
 HISTORY = 20

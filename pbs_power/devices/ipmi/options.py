@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-from pbs_power.devices.base import BackendError
+from pbs_power.devices.errors import BackendError
 from .ipmitool import EXCEPTION_ACTIONS, INTERFACES, PRIVILEGES, Settings
 
 OPTIONS = ("credentials_file", "bmcs", "bmc_template", "port", "interface", "cipher_suite",
