@@ -45,15 +45,20 @@ class TopologyMixin:
         if any(g.status != "inactive" for g in self.store.groups()):
             return fail("active resource groups exist; delete them first")
         kind = "topology_activate" if active else "topology_deactivate"
+        # an entity with no topology policy runs uncapped: "unset", never "set" nothing
         requests = [self._request(topo, e, kind, {
-            "policy_action": "set" if active else "unset",
+            "policy_action": "set" if active and topo.topology_policy(e) else "unset",
             "policy": policy_dict(topo.topology_policy(e))}) for e in topo.entities]
         outcomes = outcomes_of(self.controller.send(requests))
+        failed = sorted(e for e, o in outcomes.items() if not o.ok)
+        if active and topo.entities and len(failed) == len(topo.entities):
+            return Response(Status(False, "topology %s not activated: every device failed "
+                                   "(%s)" % (topo.name, outcomes[failed[0]].diag_msg)),
+                            outcomes)
         with self.store.transaction():
             self.store.put_topology(topo.to_dict(), active, self.clock())
             if active:
                 _book_topology(topo, self.store, outcomes)
-        failed = sorted(e for e, o in outcomes.items() if not o.ok)
         msg = "topology %s %s" % (topo.name, "active" if active else "inactive")
         if failed:
             return Response(Status(False, "%s, but %d device(s) failed: %s"

@@ -45,3 +45,30 @@ def test_the_cli_prints_them_on_import(tmp_path, capsys):
     path.write_text(json.dumps(topology(budget=100)))
     assert main(["topology", "import", "--state-dir", str(tmp_path / "s"), str(path)]) == 0
     assert "over its budget of 100 W" in capsys.readouterr().err
+
+
+def service(tmp_path, doc, **sim):
+    from pbs_power.groups.service import ResourceGroupService
+    svc = ResourceGroupService(str(tmp_path), {"simulated": dict({"latency_ms": 0}, **sim)})
+    assert svc.import_topology(parse_topology(doc)).ok
+    return svc
+
+
+def test_a_topology_without_a_default_policy_activates_its_nodes_uncapped(tmp_path):
+    svc = service(tmp_path, topology(budget=10 ** 6, default=None))
+    try:
+        r = svc.set_topology_active(True)
+        assert r.status.ok, r.status
+        assert svc.topology()[1] is True
+    finally:
+        svc.close()
+
+
+def test_a_topology_no_device_took_is_not_marked_active(tmp_path):
+    svc = service(tmp_path, topology(budget=10 ** 6), fail_devices="n[1-16]")
+    try:
+        r = svc.set_topology_active(True)
+        assert not r.status.ok and "not activated: every device failed" in r.status.diag_msg
+        assert svc.topology()[1] is False
+    finally:
+        svc.close()
