@@ -374,6 +374,19 @@ def file_mode_problems(path: str, name: str) -> List[str]:
     return []
 
 
+def host_template_problem(value: str) -> Optional[str]:
+    """Why ``value`` is no URL template of one host (only ``{host}`` may stand in braces), or
+    None; the Redfish backend applies the same rule when it starts."""
+    import string
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+    except ValueError as exc:
+        return "%s (%r)" % (exc, value)
+    if any(f != "host" for f in fields):
+        return "only {host} may be used in braces, not %r" % value
+    return None
+
+
 def is_host_name(text: str) -> bool:
     """A single plain host name (no range, list or group), which needs no hostlist parse."""
     return bool(_HOST_RE.fullmatch(text)) and not text.startswith(("-", "."))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, List, Mapping, Tuple
 
-from .checks import ConfigProblem, file_mode_problems, format_path, problem
+from .checks import ConfigProblem, file_mode_problems, format_path, host_template_problem, problem
 
 
 def absolute_path(path: str, parts: Tuple[Any, ...], problems: List[ConfigProblem]) -> str:
@@ -40,8 +40,15 @@ def usable_files(options: Mapping[str, Any], parts: Tuple[Any, ...],
             "%s is a relative path, %r: hooks run in server_priv/hooks/tmp, so give the "
             "program's absolute path (or a bare name found on PATH)"
             % (format_path(parts + ("argv", 0)), program))))
+    template = options.get("url_template")
+    if isinstance(template, str):
+        why = host_template_problem(template)
+        if why is not None:
+            where = parts + ("url_template",)
+            problems.append(problem(where, "%s: %s" % (format_path(where), why)))
     creds = options.get("credentials_file")
     if isinstance(creds, str) and creds:
         where = parts + ("credentials_file",)
         absolute_path(creds, where, problems)
-        problems.extend(problem(where, msg) for msg in file_mode_problems(creds, format_path(where)))
+        problems.extend(problem(where, msg)
+                        for msg in file_mode_problems(creds, format_path(where)))

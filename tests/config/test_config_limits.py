@@ -108,3 +108,11 @@ def test_a_fifo_with_a_writer_is_read(tmp_path):
     finally:
         writer.wait(timeout=10)
         writer.stdout.close()
+
+
+def test_a_url_template_the_redfish_backend_would_refuse_is_refused_at_validation():
+    data = {"power_backend": {"type": "redfish", "auth": "none",
+                              "url_template": "https://{host}-{rack}-bmc"}}
+    assert "power_backend.url_template: only {host} may be used in braces" in problems(data)
+    data["power_backend"]["url_template"] = "https://{host}-bmc"
+    assert parse_config(data).power_backend.type == "redfish"

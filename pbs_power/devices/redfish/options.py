@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import math
 import os
-import string
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Union
 
+from pbs_power.config.checks import host_template_problem
 from pbs_power.devices.base import BackendError
 from .client import base_url
 
@@ -173,13 +173,10 @@ class _Errors:
         return value
 
     def template(self, name: str, value: str) -> None:
-        """Only ``{host}`` may appear in braces."""
-        try:
-            fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
-        except ValueError as exc:
-            raise self("option %s: %s (%r)" % (name, exc, value)) from None
-        if any(f != "host" for f in fields):
-            raise self("option %s: only {host} may be used in braces, not %r" % (name, value))
+        """Only ``{host}`` may appear in braces (the rule `config validate` applies too)."""
+        why = host_template_problem(value)
+        if why is not None:
+            raise self("option %s: %s" % (name, why))
 
     def flag(self, name: str, value: Any) -> bool:
         if not isinstance(value, bool):
