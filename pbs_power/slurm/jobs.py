@@ -169,20 +169,33 @@ def claim_hosts(service, hosts: Sequence[str], own: str, job_alive: JobAlive,
 
 
 def scontrol_job_alive(job_id: str, env: Optional[Mapping[str, str]] = None,
-                       timeout: float = SCONTROL_TIMEOUT) -> Optional[bool]:
-    """Whether Slurm still runs job ``job_id``: True, False (ended or unknown), None (no answer)."""
+                       timeout: float = SCONTROL_TIMEOUT, retry_after: float = 0.5
+                       ) -> Optional[bool]:
+    """Whether Slurm still runs job ``job_id``: True, False (ended or unknown), None (no answer).
+
+    A quick failure (slurmctld busy with many prologs at once) is tried once more after
+    ``retry_after`` seconds; a timeout is not.
+    """
     scontrol = shutil.which("scontrol", path=(env or {}).get("PATH") or None)
     if scontrol is None:
         return None
-    try:
-        proc = subprocess.run([scontrol, "--oneliner", "show", "job", job_id], env=env,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return False if "invalid job id" in proc.stderr.lower() else None
-    return job_state_alive(proc.stdout)
+    for attempt in (1, 2):
+        try:
+            proc = subprocess.run([scontrol, "--oneliner", "show", "job", job_id], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, universal_newlines=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        except OSError:
+            proc = None
+        if proc is not None and proc.returncode == 0:
+            return job_state_alive(proc.stdout)
+        if proc is not None and "invalid job id" in proc.stderr.lower():
+            return False
+        if attempt == 1:
+            time.sleep(retry_after)
+    return None
 
 
 def job_state_alive(scontrol_text: str) -> Optional[bool]:

@@ -401,3 +401,19 @@ def run_like_slurmctld(program: str, env):
                    env=dict(env, PATH=os.environ.get("PATH", "")), check=True, timeout=120)
     rc, seconds = result.read_text().split()
     return int(rc), float(seconds)
+
+
+def test_scontrol_that_fails_once_is_asked_again(tmp_path):
+    # slurmctld busy with many prologs at once: the first call fails at once, the next works
+    script = tmp_path / "scontrol"
+    count = tmp_path / "count"
+    script.write_text("#!/bin/sh\nn=$(cat %s 2>/dev/null || echo 0); echo $((n+1)) > %s\n"
+                      "[ \"$n\" = 0 ] && { echo 'Unable to contact slurm controller' >&2; "
+                      "exit 1; }\necho 'JobId=7 JobState=RUNNING'\n" % (count, count))
+    script.chmod(0o755)
+    env = {"PATH": str(tmp_path)}
+    assert sj.scontrol_job_alive("7", env=env, retry_after=0.01) is True
+    assert count.read_text().strip() == "2"
+    count.write_text("5")
+    script.write_text("#!/bin/sh\necho 'Unable to contact slurm controller' >&2\nexit 1\n")
+    assert sj.scontrol_job_alive("7", env=env, retry_after=0.01) is None
