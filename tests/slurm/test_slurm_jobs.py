@@ -407,9 +407,9 @@ def test_scontrol_that_fails_once_is_asked_again(tmp_path):
     # slurmctld busy with many prologs at once: the first call fails at once, the next works
     script = tmp_path / "scontrol"
     count = tmp_path / "count"
-    script.write_text("#!/bin/sh\nn=$(cat %s 2>/dev/null || echo 0); echo $((n+1)) > %s\n"
+    script.write_text("#!/bin/sh\nn=0; [ -f %s ] && read n < %s; echo $((n+1)) > %s\n"
                       "[ \"$n\" = 0 ] && { echo 'Unable to contact slurm controller' >&2; "
-                      "exit 1; }\necho 'JobId=7 JobState=RUNNING'\n" % (count, count))
+                      "exit 1; }\necho 'JobId=7 JobState=RUNNING'\n" % (count, count, count))
     script.chmod(0o755)
     env = {"PATH": str(tmp_path)}
     assert sj.scontrol_job_alive("7", env=env, retry_after=0.01) is True
