@@ -27,26 +27,9 @@ from pbs_power.metrics.exporter import address, make_exporter, serve_in_thread  
 from pbs_power.states import journal  # noqa: E402
 from pbs_power.states.model import Phase, Transition, TransitionKind  # noqa: E402
 from pbs_power.states.store import Store  # noqa: E402
+from activation_fanout import topology  # noqa: E402  (the same synthetic cluster)
 
 NOW = time.time()
-
-
-def topology(hosts: int) -> dict:
-    racks = (hosts + 63) // 64
-    return {
-        "name": "bench",
-        "device_specs": {"box": {"node": {"min_watts": 300, "idle_watts": 400,
-                                          "max_watts": 1200}}},
-        "power_domains": [{"name": "room", "budget_watts": 1300.0 * hosts, "children": [
-            {"name": "rack-%03d" % r, "budget_watts": 64 * 1300.0} for r in range(racks)]}],
-        "policies": [{"name": "High", "limits": [{"element_type": "NODE",
-                                                  "power_limit": {"watts": 1200}}]},
-                     {"name": "Low", "limits": [{"element_type": "NODE",
-                                                 "power_limit": {"watts": 600}}]}],
-        "default_policy": "Low",
-        "entities": [{"names": "n%05d" % i, "device": "box", "domain": "rack-%03d" % (i // 64)}
-                     for i in range(hosts)],
-    }
 
 
 def fill_states(state_dir: str, hosts: int) -> None:

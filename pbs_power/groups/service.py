@@ -219,9 +219,9 @@ class ResourceGroupService(TopologyMixin, QueryMixin, OperationMixin):
             if policy_name is not None and (topo is None or policy_name not in topo.policies):
                 return fail(unknown_policy(topo, policy_name) if topo else "no topology",
                             "invalid")
+            extra = {} if workload_profile_ids is None else {
+                "workload_profile_ids": tuple(workload_profile_ids)}
             if group.status != "active":
-                extra = {} if workload_profile_ids is None else {
-                    "workload_profile_ids": tuple(workload_profile_ids)}
                 self.store.set_group(group_name, policy=policy_name, **extra)
                 return Response(Status(True, "policy of %s %s" % (
                     group_name, "set to %s" % policy_name if policy_name else "removed")))
@@ -231,8 +231,6 @@ class ResourceGroupService(TopologyMixin, QueryMixin, OperationMixin):
                                                         strict or not group.dpm_enable)
             except PlanError as exc:
                 return fail(str(exc))
-            extra = {} if workload_profile_ids is None else {
-                "workload_profile_ids": tuple(workload_profile_ids)}
             self.store.set_group(group_name, policy=policy_name, **extra)
             op = self._record(plan, "update", group_name, partial, async_strategy)
         return self._run(op, async_strategy)
