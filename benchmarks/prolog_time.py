@@ -5,13 +5,17 @@ Builds a 4-node SIMULATED topology in a temp state dir, then runs the
 installed ``pbs-power-slurm-prolog`` and ``-epilog`` as slurmctld would
 (empty environment but the job's variables), --runs times, alternating a run
 with the memo present and one with it deleted first (so the config goes
-through jsonschema). Times are process start to exit. Prints JSON.
+through jsonschema). Times are process start to exit. Prints JSON, with
+the interpreter the programs run on and its bare start-up time (``-c pass``,
+the floor no program on it can beat).
 
     python benchmarks/prolog_time.py [--runs 40]
+    PROLOG_BIN=/opt/pbs_power/venv/bin python benchmarks/prolog_time.py   # another install
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,7 +30,7 @@ from pbs_power.config.memo import MEMO_NAME  # noqa: E402
 from pbs_power.groups.service import ResourceGroupService  # noqa: E402
 from pbs_power.groups.topology import parse_topology  # noqa: E402
 
-BIN = Path(sys.executable).parent
+BIN = Path(os.environ.get("PROLOG_BIN") or Path(sys.executable).parent)
 DEVICES = {"simulated": {"latency_ms": 0}}
 TOPOLOGY = {
     "name": "bench",
@@ -58,13 +62,28 @@ def setup(base: Path) -> Path:
 
 def timed(program: str, env: dict) -> tuple:
     """(wall seconds, CPU seconds) of one run; CPU time is what a busy machine inflates least."""
-    before = os.times()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)  # microseconds, not os.times' ticks
     began = time.perf_counter()
     subprocess.run([str(BIN / program)], env=env, check=True)
     wall = time.perf_counter() - began
-    after = os.times()
-    return wall, (after.children_user - before.children_user
-                  + after.children_system - before.children_system)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+
+
+def interpreter() -> str:
+    """The Python the programs start (their #! line)."""
+    with open(BIN / "pbs-power-slurm-prolog") as f:
+        return f.readline()[2:].strip()
+
+
+def startup_seconds(python: str, runs: int) -> float:
+    """Median wall time of ``python -c pass`` with an empty environment."""
+    times = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        subprocess.run([python, "-c", "pass"], env={}, check=True)
+        times.append(time.perf_counter() - began)
+    return round(statistics.median(times), 3)
 
 
 def main() -> None:
@@ -90,7 +109,10 @@ def main() -> None:
                for mode, per in times.items()}
     cpu_medians = {mode: {p: round(statistics.median(v), 3) for p, v in per.items()}
                    for mode, per in cpu.items()}
-    print(json.dumps({"runs": args.runs, "median_seconds": medians,
+    python = interpreter()
+    print(json.dumps({"runs": args.runs, "interpreter": python,
+                      "interpreter_startup_seconds": startup_seconds(python, args.runs),
+                      "median_seconds": medians,
                       "median_cpu_seconds": cpu_medians,
                       "prolog_ratio_no_memo_over_memo": round(
                           medians["no_memo"]["prolog"] / medians["memo"]["prolog"], 2)}))

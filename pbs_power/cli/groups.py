@@ -134,7 +134,8 @@ def entity_policy(text: str) -> Tuple[List[str], str]:
 
 def gpu_node(text: str) -> Tuple[List[str], Any]:
     """``NAME=W0,W1,...``: watts, ``P%`` or ``-`` (remove) per GPU, in GPU order."""
-    from pbs_power.groups.policy import PolicyError, parse_gpu_policies
+    from pbs_power.groups.gpu_policy import parse_gpu_policies
+    from pbs_power.groups.policy import PolicyError
     key, value = key_value(text, "NAME=W0,W1,... (e.g. gpu001=300,300,80%,-)")
     items = []
     for gpu_id, raw in enumerate(value.split(",")):

@@ -33,7 +33,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from pbs_power.groups.policy import PolicyElementType, PowerLimit, parse_gpu_policies, parse_policy
+from pbs_power.groups.gpu_policy import parse_gpu_policies
+from pbs_power.groups.policy import PolicyElementType, PowerLimit, parse_policy
 from .errors import BackendError
 from .controller import DeviceBackend, DeviceRequest, DeviceResponse, GPUPolicyResult, failure
 from .gpu_cap_state import CapState, CapStateError, SavedLimits

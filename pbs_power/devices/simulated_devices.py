@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Tuple
 
 from pbs_power._records import evolve
-from pbs_power.groups.policy import (PolicyElementType, PolicyObject, PowerLimit, parse_gpu_policies,
-                      parse_policy)
+from pbs_power.groups.gpu_policy import parse_gpu_policies
+from pbs_power.groups.policy import PolicyElementType, PolicyObject, PowerLimit, parse_policy
 from .errors import BackendError
 from .controller import DeviceBackend, DeviceRequest, DeviceResponse, GPUPolicyResult, failure
 

@@ -12,7 +12,6 @@ prolog which asked for asynchronous activation.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -53,6 +52,7 @@ def required_successes(n: int, partial: Mapping[str, Any]) -> int:
 
 def spawn_worker(state_dir: str, op_id: str) -> int:
     """Start a detached process that finishes operation ``op_id``; its pid."""
+    import subprocess  # only async activations start a worker
     proc = subprocess.Popen(
         [sys.executable, "-m", "pbs_power.groups.worker", state_dir, op_id],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

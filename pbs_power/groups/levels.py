@@ -9,9 +9,12 @@ domains that are short.
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .policy import GPUPolicies, PolicyElementType, PolicyObject
+from .policy import PolicyElementType, PolicyObject
+
+if TYPE_CHECKING:
+    from .gpu_policy import GPUPolicies
 
 Level = Tuple[Optional[str], float]
 EPS = 1e-6

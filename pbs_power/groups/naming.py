@@ -5,7 +5,6 @@ names: a bad request is answered with the reason, never an exception.
 """
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Any, Iterable, Mapping
 
@@ -41,6 +40,7 @@ def check_partial(partial: Any) -> str:
 
 
 def unknown_policy(topo, name: str) -> str:
+    import difflib  # only for an unknown name
     close = difflib.get_close_matches(name, list(topo.policies), 1)
     return "no policy %r in topology %s%s" % (
         name, topo.name, " (did you mean %r?)" % close[0] if close else "")

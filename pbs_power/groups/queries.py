@@ -6,11 +6,13 @@ controller and request builder.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
-from .policy import GPUPolicies
 from .execute import process_alive
 from .store import MemberRow
+
+if TYPE_CHECKING:
+    from .gpu_policy import GPUPolicies
 
 
 @dataclass

@@ -33,8 +33,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -176,6 +174,8 @@ def scontrol_job_alive(job_id: str, env: Optional[Mapping[str, str]] = None,
     A quick failure (slurmctld busy with many prologs at once) is tried once more after
     ``retry_after`` seconds; a timeout is not.
     """
+    import shutil
+    import subprocess  # only when another job's group holds a node: not on every prolog
     scontrol = shutil.which("scontrol", path=(env or {}).get("PATH") or None)
     if scontrol is None:
         return None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import tempfile
 import time
 
 #: Seconds a connection waits for another process's lock before it gives up.
@@ -25,7 +24,8 @@ def check_writable_dir(path: str) -> None:
         raise StoreError(f"state directory {path} does not exist or is not "
                          f"a directory; create it or set state_dir")
     try:
-        fd, probe = tempfile.mkstemp(prefix=".pbs_power-probe-", dir=path)
+        probe = os.path.join(path, ".pbs_power-probe-%d-%s" % (os.getpid(), os.urandom(6).hex()))
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
         raise StoreError(f"state directory {path} is not writable "
                          f"({exc.strerror}); make it writable by the user "
@@ -117,6 +117,7 @@ def connect(path: str, timeout: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
 
 def _create(path: str, timeout: float) -> None:
     """An empty WAL database at ``path``, unless another process made one first."""
+    import tempfile  # only the first run creates the database
     fd, temp = tempfile.mkstemp(prefix=".new-", suffix=".db", dir=os.path.dirname(path) or ".")
     os.close(fd)
     try:

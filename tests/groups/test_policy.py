@@ -3,8 +3,10 @@ import math
 
 import pytest
 
-from pbs_power.groups.policy import (PolicyElementType, PolicyError, PowerLimit, parse_gpu_policies,
-                              parse_limits_policy, parse_policies, parse_policy)
+from pbs_power.groups.gpu_policy import parse_gpu_policies
+from pbs_power.groups.limits_policy import parse_limits_policy
+from pbs_power.groups.policy import (PolicyElementType, PolicyError, PowerLimit, parse_policies,
+                                     parse_policy)
 
 
 def node(watts=None, pct=None, element="NODE"):

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from pbs_power.groups.ledger import Book
-from pbs_power.groups.policy import GPUPolicies, GPUPolicy, PowerLimit
+from pbs_power.groups.gpu_policy import GPUPolicies, GPUPolicy
+from pbs_power.groups.policy import PowerLimit
 from pbs_power.groups.service import AsyncStrategy, PartialActivation, ResourceGroupService
 from pbs_power.groups.topology import parse_topology
 from rg_invariants import violations

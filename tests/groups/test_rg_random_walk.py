@@ -12,7 +12,8 @@ import random
 import subprocess
 import time
 
-from pbs_power.groups.policy import GPUPolicies, GPUPolicy, PowerLimit
+from pbs_power.groups.gpu_policy import GPUPolicies, GPUPolicy
+from pbs_power.groups.policy import PowerLimit
 from pbs_power.groups.service import PartialActivation, ResourceGroupService
 from pbs_power.groups.topology import parse_topology
 from rg_invariants import violations
