@@ -77,3 +77,53 @@ def test_no_import_circle():
     out = subprocess.run([sys.executable, str(CIRCLES_TOOL), str(PACKAGE)],
                          capture_output=True, text=True)
     assert (out.returncode, out.stdout) == (0, "")
+
+
+RUN_AND_LIST = """
+import json, sys
+from slurm_spank.%s import main
+status = main([])
+print(json.dumps([status, sorted(sys.modules)]))
+"""
+#: Loaded only for a request some prologs make (an unknown policy, a first run, an
+#: async activation, GPU policies) or never by the prolog.
+NOT_ON_THE_PROLOG_PATH = ("argparse", "asyncio", "ssl", "socket", "uuid", "difflib",
+                          "tempfile", "pbs_power.groups.limits_policy", "pbs_power.metrics",
+                          "pbs_power.pbs", "pbs_power.sim", "pbs_power.cli")
+
+
+def test_a_prolog_run_loads_only_what_its_path_needs(tmp_path):
+    """Run the real prolog on a simulated topology; list the modules it ended with."""
+    from pbs_power.groups.service import ResourceGroupService
+    from pbs_power.groups.topology import parse_topology
+    devices = {"simulated": {"latency_ms": 0}}
+    state = tmp_path / "state"
+    service = ResourceGroupService(str(state), devices)
+    try:
+        service.import_topology(parse_topology({
+            "name": "t", "device_specs": {"n": {"type": "ComputerSystem", "backend": "simulated",
+                                                "node": {"min_watts": 200, "idle_watts": 250,
+                                                         "max_watts": 1000}}},
+            "power_domains": [{"name": "rack-1", "kind": "rack", "budget_watts": 4000}],
+            "policies": [{"name": "P", "limits": [{"element_type": "NODE",
+                                                   "power_limit": {"watts": 600}}]}],
+            "default_policy": "P",
+            "entities": [{"names": "node[1-2]", "device": "n", "domain": "rack-1"}]}))
+        service.set_topology_active(True)
+    finally:
+        service.close()
+    config = tmp_path / "hook.json"
+    config.write_text(json.dumps({"state_dir": str(state), "slurm_log_file": str(tmp_path / "log"),
+                                  "job_policies": {"device_options": devices}}))
+    runs = []
+    for job, program in (("7", "prolog"), ("7", "epilog"), ("8", "prolog")):
+        env = {"PBS_POWER_CONFIG": str(config), "SLURM_JOB_ID": job,
+               "SLURM_JOB_NODELIST": "node[1-2]", "PATH": "/usr/bin:/bin"}
+        runs.append(subprocess.run([sys.executable, "-c", RUN_AND_LIST % program], env=env,
+                                   cwd=str(ROOT), capture_output=True, text=True, check=True))
+    # the first run checks the config and writes its memo; the later ones are every job's case
+    status, loaded = json.loads(runs[-1].stdout)
+    assert status == 0 and "rg_8 active on node1,node2" in (tmp_path / "log").read_text()
+    assert [m for m in loaded if m.startswith(NOT_ON_THE_PROLOG_PATH)] == []
+    store_needs = {"sqlite3"}
+    assert [m for m in loaded if m.split(".")[0] in set(HEAVY) - store_needs] == []
