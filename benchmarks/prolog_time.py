@@ -1,13 +1,16 @@
-"""Wall time of the Slurm prolog and epilog programs, with and without the
-checked-config memo (``state_dir/checked-configs``).
+"""Wall time of the Slurm prolog and epilog programs: in-process with and without
+the checked-config memo (``state_dir/checked-configs``), and on the job server.
 
 Builds a 4-node SIMULATED topology in a temp state dir, then runs the
 installed ``pbs-power-slurm-prolog`` and ``-epilog`` as slurmctld would
-(empty environment but the job's variables), --runs times, alternating a run
-with the memo present and one with it deleted first (so the config goes
-through jsonschema). Times are process start to exit. Prints JSON, with
-the interpreter the programs run on and its bare start-up time (``-c pass``,
-the floor no program on it can beat).
+(empty environment but the job's variables), --runs times per mode, in turn:
+"memo" (every job's case), "no_memo" (the memo deleted first, so the config
+goes through jsonschema) and "job_server" (``pbs-power-slurm-jobd`` running:
+its forked child does the run). Times are process start to exit. Prints
+JSON, with the interpreter the programs run on and its bare start-up time
+(``-c pass``, the floor no program on it can beat). CPU times are the
+programs' own (getrusage); a run on the job server also costs the server's
+child ``job_server_cpu_seconds_per_run``.
 
     python benchmarks/prolog_time.py [--runs 40]
     PROLOG_BIN=/opt/pbs_power/venv/bin python benchmarks/prolog_time.py   # another install
@@ -86,34 +89,69 @@ def startup_seconds(python: str, runs: int) -> float:
     return round(statistics.median(times), 3)
 
 
+class JobServer:
+    """``pbs-power-slurm-jobd`` of the timed install, on a socket in ``base``."""
+
+    def __init__(self, base: Path):
+        self.path = base / "jobs.sock"
+        self.proc = subprocess.Popen([str(BIN / "pbs-power-slurm-jobd"), "--socket",
+                                      str(self.path)], stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not self.path.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("pbs-power-slurm-jobd did not start")
+            time.sleep(0.05)
+
+    def children_cpu(self) -> float:
+        """CPU seconds of the server's ended children (their runs), from /proc."""
+        fields = Path("/proc/%d/stat" % self.proc.pid).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=40, help="prolog+epilog pairs (default 40)")
+    parser.add_argument("--runs", type=int, default=40,
+                        help="prolog+epilog pairs per mode (default 40)")
     args = parser.parse_args()
+    modes = ("memo", "no_memo", "job_server")
+    times = {mode: {"prolog": [], "epilog": []} for mode in modes}
+    cpu = {mode: {"prolog": [], "epilog": []} for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
         config = setup(Path(tmp))
         memo = Path(tmp) / "state" / MEMO_NAME
-        times = {"memo": {"prolog": [], "epilog": []}, "no_memo": {"prolog": [], "epilog": []}}
-        cpu = {"memo": {"prolog": [], "epilog": []}, "no_memo": {"prolog": [], "epilog": []}}
-        for i in range(args.runs):
-            mode = "no_memo" if i % 2 else "memo"
-            env = {"PBS_POWER_CONFIG": str(config), "SLURM_JOB_ID": str(1000 + i),
-                   "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_PARTITION": "debug"}
-            for program in ("prolog", "epilog"):
-                if mode == "no_memo" and memo.exists():
-                    os.unlink(memo)
-                wall, used = timed("pbs-power-slurm-" + program, env)
-                times[mode][program].append(wall)
-                cpu[mode][program].append(used)
+        server = JobServer(Path(tmp))
+        try:
+            server_cpu = server.children_cpu()
+            for i in range(args.runs * len(modes)):
+                mode = modes[i % len(modes)]
+                env = {"PBS_POWER_CONFIG": str(config), "SLURM_JOB_ID": str(1000 + i),
+                       "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_PARTITION": "debug",
+                       "PBS_POWER_JOB_SOCKET": str(server.path if mode == "job_server"
+                                                   else Path(tmp) / "no-server.sock")}
+                for program in ("prolog", "epilog"):
+                    if mode == "no_memo" and memo.exists():
+                        os.unlink(memo)
+                    wall, used = timed("pbs-power-slurm-" + program, env)
+                    times[mode][program].append(wall)
+                    cpu[mode][program].append(used)
+            runs_on_server = len(times["job_server"]["prolog"]) * 2
+            server_cpu = (server.children_cpu() - server_cpu) / runs_on_server
+        finally:
+            server.stop()
     medians = {mode: {p: round(statistics.median(v), 3) for p, v in per.items()}
                for mode, per in times.items()}
     cpu_medians = {mode: {p: round(statistics.median(v), 3) for p, v in per.items()}
                    for mode, per in cpu.items()}
     python = interpreter()
-    print(json.dumps({"runs": args.runs, "interpreter": python,
+    print(json.dumps({"runs": len(times["memo"]["prolog"]), "interpreter": python,
                       "interpreter_startup_seconds": startup_seconds(python, args.runs),
                       "median_seconds": medians,
                       "median_cpu_seconds": cpu_medians,
+                      "job_server_cpu_seconds_per_run": round(server_cpu, 3),
                       "prolog_ratio_no_memo_over_memo": round(
                           medians["no_memo"]["prolog"] / medians["memo"]["prolog"], 2)}))
 

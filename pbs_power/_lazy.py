@@ -7,12 +7,15 @@ not import every module of the package; ``exports`` gives it PEP 562's
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Dict, List
+
+TYPE_CHECKING = False  # every package __init__ loads this: no typing import at run time
+if TYPE_CHECKING:
+    from typing import Callable
 
 
-def exports(package: str, table: Dict[str, str]) -> Callable[[str], Any]:
+def exports(package: str, table: dict[str, str]) -> Callable[[str], object]:
     """A module ``__getattr__`` that imports ``table[name]`` (relative to ``package``) on use."""
-    def __getattr__(name: str) -> Any:
+    def __getattr__(name: str) -> object:
         module = table.get(name)
         if module is None:
             raise AttributeError("module %r has no attribute %r" % (package, name))
@@ -20,6 +23,6 @@ def exports(package: str, table: Dict[str, str]) -> Callable[[str], Any]:
     return __getattr__
 
 
-def names(table: Dict[str, str]) -> List[str]:
+def names(table: dict[str, str]) -> list[str]:
     """``__all__`` for a lazy table."""
     return sorted(table)

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional, Sequence
+
+TYPE_CHECKING = False  # typing is not imported at run time: every job's prolog loads this
+if TYPE_CHECKING:
+    from typing import Optional, Sequence
 
 
 def run_power_program(kind: str, argv: Optional[Sequence[str]] = None) -> int:

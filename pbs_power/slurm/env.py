@@ -14,11 +14,15 @@ names one, to ``slurm_log_file``.
 from __future__ import annotations
 
 import io
-import logging
 import os
 import signal
 import sys
-from typing import Any, Mapping, Optional
+import time
+
+TYPE_CHECKING = False  # typing is not imported at run time: every job's prolog starts here
+if TYPE_CHECKING:
+    import logging
+    from typing import Any, Mapping, Optional
 
 #: PATH given to child processes when slurmctld gave none.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -125,6 +129,7 @@ def program_logger(name: str, config: Any = None) -> logging.Logger:
     only, or stderr when there is no syslog socket either). Calling it again
     for the same name replaces the handlers rather than adding more.
     """
+    import logging
     logger = logging.getLogger("pbs_power." + name)
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
@@ -157,6 +162,23 @@ def program_logger(name: str, config: Any = None) -> logging.Logger:
 
 
 def _stderr_handler() -> logging.Handler:
+    import logging
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     return handler
+
+
+def process_age() -> Optional[float]:
+    """Seconds since this process started (interpreter start-up included), None if unknown."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        ticks = int(stat[stat.rindex(b")") + 2:].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def process_started() -> float:
+    """This process's start on the ``time.monotonic`` clock (now, if unknown)."""
+    return time.monotonic() - (process_age() or 0.0)

@@ -315,23 +315,13 @@ def fold(hosts: Sequence[str]) -> str:
 
 
 # -- the programs ------------------------------------------------------------------
-def process_age() -> Optional[float]:
-    """Seconds since this process started (interpreter start-up included), None if unknown."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read()
-        ticks = int(stat[stat.rindex(b")") + 2:].split()[19])
-        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-
-
 def run(program: str, env: Mapping[str, str], config_file: str,
-        clock: Callable[[], float] = time.monotonic, started: Optional[float] = None) -> int:
+        clock: Callable[[], float] = time.monotonic, started: Optional[float] = None,
+        origin: str = "") -> int:
     """PrologSlurmctld (``program`` "prolog") or EpilogSlurmctld ("epilog"); exit status.
 
     The time in its log line counts from ``started`` (a ``clock`` value),
-    else from this call.
+    else from this call; ``origin`` (who ran it, if not the program) is logged at debug.
     """
     from pbs_power.config.hook_config import ConfigError, load_config
     from .env import program_logger
@@ -342,6 +332,8 @@ def run(program: str, env: Mapping[str, str], config_file: str,
         program_logger(program).error("%s", exc)
         return 2
     line = JobLine(job.job_id, program)
+    if origin:
+        line("debug", "run by %s" % origin)
     try:
         config = load_config(config_file)
     except ConfigError as exc:
@@ -396,11 +388,10 @@ def _parse_args(program: str, argv: Sequence[str]):
 def main(program: str, argv: Optional[Sequence[str]] = None,
          env: Optional[Mapping[str, str]] = None) -> int:
     """Entry point of ``pbs-power-slurm-prolog`` / ``-epilog``: ``[--config FILE]``."""
-    from .env import config_path
+    from .env import config_path, process_started
     argv = list(sys.argv[1:] if argv is None else argv)
     # slurmctld passes no arguments: argparse (and its gettext) only when there are some
     config_file = _parse_args(program, argv).config if argv else None
     environ = dict(os.environ if env is None else env)
     # the logged time is the program's whole wall time, interpreter start-up included
-    started = time.monotonic() - (process_age() or 0.0)
-    return run(program, environ, config_file or config_path(environ), started=started)
+    return run(program, environ, config_file or config_path(environ), started=process_started())

@@ -10,6 +10,9 @@ and device controller, and each node's cap ends up in the state database.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict
 
@@ -77,3 +80,30 @@ def groups(state_dir: Path) -> Dict[str, Any]:
                 for g in service.list().resource_groups}
     finally:
         service.close()
+
+
+LAUNCHER = r"""
+import os, signal, sys, time
+prog = sys.argv[1]
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP, signal.SIGINT, signal.SIGTERM,
+                                          signal.SIGPIPE, signal.SIGALRM, signal.SIGUSR1])
+start = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    for fd in (0, 1, 2):
+        os.close(fd)
+    os.execve(prog, [prog], {k: v for k, v in os.environ.items() if k != "PATH"})
+_, status = os.waitpid(pid, 0)
+with open(sys.argv[2], "w") as out:
+    rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
+    out.write("%d %f" % (rc, time.monotonic() - start))
+"""
+
+
+def run_like_slurmctld(program: str, env):
+    """(exit status, wall seconds) of ``program`` started with fds 0-2 closed, no PATH."""
+    result = Path(env["PBS_POWER_CONFIG"]).parent / "launch.out"
+    subprocess.run([sys.executable, "-c", LAUNCHER, program, str(result)],
+                   env=dict(env, PATH=os.environ.get("PATH", "")), check=True, timeout=120)
+    rc, seconds = result.read_text().split()
+    return int(rc), float(seconds)

@@ -18,7 +18,8 @@ import pytest
 from pbs_power.config.hook_config import ConfigError, JobPolicies, parse_config
 from pbs_power.groups.service import ResourceGroupService
 from pbs_power.slurm import jobs as sj
-from slurm_jobs_setup import FAST_DEVICES, groups, make_state, node_caps, write_config
+from slurm_jobs_setup import (FAST_DEVICES, groups, make_state, node_caps, run_like_slurmctld,
+                              write_config)
 
 ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_PARTITION": "debug",
        "SLURM_SCRIPT_CONTEXT": "prolog_slurmctld", "SLURM_JOB_RESTART_COUNT": "0"}
@@ -374,33 +375,6 @@ def test_installed_prolog_runs_as_slurmctld_starts_it(state, tmp_path):
     lines = log.read_text().splitlines()
     assert len(lines) == 3 and "exit 1: Slurm requeues a batch job" in lines[1]
     print("prolog wall time as a process: %.3f s" % seconds)
-
-
-LAUNCHER = r"""
-import os, signal, sys, time
-prog = sys.argv[1]
-signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGHUP, signal.SIGINT, signal.SIGTERM,
-                                          signal.SIGPIPE, signal.SIGALRM, signal.SIGUSR1])
-start = time.monotonic()
-pid = os.fork()
-if pid == 0:
-    for fd in (0, 1, 2):
-        os.close(fd)
-    os.execve(prog, [prog], {k: v for k, v in os.environ.items() if k != "PATH"})
-_, status = os.waitpid(pid, 0)
-with open(sys.argv[2], "w") as out:
-    rc = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
-    out.write("%d %f" % (rc, time.monotonic() - start))
-"""
-
-
-def run_like_slurmctld(program: str, env):
-    """(exit status, wall seconds) of ``program`` started with fds 0-2 closed, no PATH."""
-    result = Path(env["PBS_POWER_CONFIG"]).parent / "launch.out"
-    subprocess.run([sys.executable, "-c", LAUNCHER, program, str(result)],
-                   env=dict(env, PATH=os.environ.get("PATH", "")), check=True, timeout=120)
-    rc, seconds = result.read_text().split()
-    return int(rc), float(seconds)
 
 
 def test_scontrol_that_fails_once_is_asked_again(tmp_path):
