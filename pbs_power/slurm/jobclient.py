@@ -108,14 +108,27 @@ def _read_line(sock: socket.socket, limit: int = 64) -> bytes:
     return data
 
 
+def config_argument(args: Sequence[str], default: str) -> Optional[str]:
+    """The config of ``[]``, ``[--config FILE]`` or ``[--config=FILE]``; None for other
+    arguments (``--help``, a mistake: the program's own parser answers those)."""
+    if not args:
+        return default
+    if len(args) == 2 and args[0] == "--config" and args[1]:
+        return args[1]
+    if len(args) == 1 and args[0].startswith("--config=") and len(args[0]) > 9:
+        return args[0][9:]
+    return None
+
+
 def program_main(program: str, argv: Optional[Sequence[str]] = None) -> int:
     """PrologSlurmctld/EpilogSlurmctld: on the job server if one listens, else here."""
     import sys
     from .env import config_path, prepare_program_env, process_started
     prepare_program_env()
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args:  # slurmctld passes none; ``--config`` runs (by hand) stay in-process
-        status = run_on_server(program, config_path(os.environ), process_started())
+    config_file = config_argument(args, config_path(os.environ))
+    if config_file is not None:
+        status = run_on_server(program, config_file, process_started())
         if status is not None:
             return status
     from .jobs import main

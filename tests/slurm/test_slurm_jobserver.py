@@ -195,3 +195,12 @@ def test_sigterm_stops_the_server_and_removes_its_socket(server):
     proc, path = server
     proc.terminate()
     assert proc.wait(10) == 0 and not path.exists()
+
+
+@pytest.mark.parametrize("args, want", [
+    ([], "/etc/pbs_power.json"), (["--config", "/x.json"], "/x.json"),
+    (["--config=/x.json"], "/x.json"), (["--help"], None), (["--config"], None),
+    (["--config", ""], None), (["--config=/x", "extra"], None),
+])
+def test_only_a_config_argument_goes_to_the_server(args, want):
+    assert jc.config_argument(args, "/etc/pbs_power.json") == want
