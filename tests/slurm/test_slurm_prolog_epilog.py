@@ -271,3 +271,39 @@ def test_twenty_jobs_at_once_get_and_lose_their_groups(site):
           "prolog %.3f s (max %.3f), epilog %.3f s (max %.3f)" % (
               statistics.median(times["prolog"]), max(times["prolog"]),
               statistics.median(times["epilog"]), max(times["epilog"])))
+
+
+def test_jobs_run_on_the_job_server_when_it_listens(site, slurm_install):
+    """pbs-power-slurm-jobd where slurmctld runs; the wrappers name its socket."""
+    c = site.cluster
+    sock = site.base / "jobd" / "jobs.sock"
+    server = subprocess.Popen(slurm_install.argv([str(slurm_install.program_bin
+                                                      / "pbs-power-slurm-jobd"),
+                                                  "--socket", str(sock)]),
+                              stderr=subprocess.PIPE, universal_newlines=True)
+    wrappers = sorted((site.base / "programs").iterdir())
+    saved = {w: w.read_text() for w in wrappers}
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.exists() and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sock.exists(), server.stderr.read() if server.poll() is not None else "no socket"
+        for wrapper, text in saved.items():
+            wrapper.write_text(text.replace(" exec ", " PBS_POWER_JOB_SOCKET=%s exec " % sock))
+        site.config.write_text(site.config.read_text().replace("{", '{"log_level": "debug", ', 1))
+        job = c.sbatch("-N2", "-p", "debug", "--power-policy=Node-Low", script=site.hold("a"))
+        status, ext, applied = site.wait_group("rg_%d" % job)
+        assert (status, ext) == ("active", job)
+        assert applied == {n: "Node-Low" for n in site.job_nodes(job)}
+        site.release("a")
+        assert c.wait_job(job, timeout=60) == "COMPLETED"
+        site.wait_line(r"job %d epilog: job ended" % job)
+        ran_by = [l for l in site.lines() if re.search(
+            r"job %d (prolog|epilog): run by pbs-power-slurm-jobd\[\d+\]" % job, l)]
+        assert len(ran_by) == 2, "\n".join(site.lines())
+        assert server.poll() is None
+    finally:
+        for wrapper, text in saved.items():
+            wrapper.write_text(text)
+        server.terminate()
+        server.wait(10)
