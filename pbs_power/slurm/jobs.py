@@ -379,7 +379,10 @@ def _parse_args(program: str, argv: Sequence[str]):
     parser = argparse.ArgumentParser(
         prog="pbs-power-slurm-" + program,
         description="Slurm %sSlurmctld of pbs_power: %s the job's resource group." % (
-            program.capitalize(), "create and activate" if program == "prolog" else "delete"))
+            program.capitalize(), "create and activate" if program == "prolog" else "delete"),
+        epilog="With pbs-power-slurm-jobd listening ($PBS_POWER_JOB_SOCKET, else "
+               "/run/pbs_power/slurm-jobs.sock) the run is done by its forked child; "
+               "without it, here.")
     parser.add_argument("--config", help="hook config (default $PBS_POWER_CONFIG, else "
                                          "/etc/pbs_power.json)")
     return parser.parse_args(argv)
