@@ -124,6 +124,9 @@ def _notes(config: HookConfig, config_path: str, program_dir: Optional[str]) -> 
                  "as SlurmUser)" % config.state_dir)
     notes.append("scontrol reconfigure (or restart slurmctld) after editing slurm.conf; "
                  "plugstack.conf is read by sbatch/salloc/srun and slurmstepd")
+    notes.append("optional, for many job starts: run pbs-power-slurm-jobd as SlurmUser "
+                 "(config/pbs-power-slurm-jobd.service); the prolog and epilog then skip "
+                 "Python's start-up, and run by themselves whenever it is not there")
     return notes
 
 
