@@ -117,15 +117,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40,
                         help="prolog+epilog pairs per mode (default 40)")
     args = parser.parse_args()
-    modes = ("memo", "no_memo", "job_server")
+    # an install from before the job server existed is timed in-process only
+    has_server = (BIN / "pbs-power-slurm-jobd").exists()
+    modes = ("memo", "no_memo", "job_server") if has_server else ("memo", "no_memo")
     times = {mode: {"prolog": [], "epilog": []} for mode in modes}
     cpu = {mode: {"prolog": [], "epilog": []} for mode in modes}
+    server_cpu = None
     with tempfile.TemporaryDirectory() as tmp:
         config = setup(Path(tmp))
         memo = Path(tmp) / "state" / MEMO_NAME
-        server = JobServer(Path(tmp))
+        server = JobServer(Path(tmp)) if has_server else None
         try:
-            server_cpu = server.children_cpu()
+            server_cpu = server.children_cpu() if server else None
             for i in range(args.runs * len(modes)):
                 mode = modes[i % len(modes)]
                 env = {"PBS_POWER_CONFIG": str(config), "SLURM_JOB_ID": str(1000 + i),
@@ -138,10 +141,12 @@ def main() -> None:
                     wall, used = timed("pbs-power-slurm-" + program, env)
                     times[mode][program].append(wall)
                     cpu[mode][program].append(used)
-            runs_on_server = len(times["job_server"]["prolog"]) * 2
-            server_cpu = (server.children_cpu() - server_cpu) / runs_on_server
+            if server:
+                runs_on_server = len(times["job_server"]["prolog"]) * 2
+                server_cpu = (server.children_cpu() - server_cpu) / runs_on_server
         finally:
-            server.stop()
+            if server:
+                server.stop()
     medians = {mode: {p: round(statistics.median(v), 3) for p, v in per.items()}
                for mode, per in times.items()}
     cpu_medians = {mode: {p: round(statistics.median(v), 3) for p, v in per.items()}
@@ -151,7 +156,8 @@ def main() -> None:
                       "interpreter_startup_seconds": startup_seconds(python, args.runs),
                       "median_seconds": medians,
                       "median_cpu_seconds": cpu_medians,
-                      "job_server_cpu_seconds_per_run": round(server_cpu, 3),
+                      "job_server_cpu_seconds_per_run": None if server_cpu is None
+                      else round(server_cpu, 3),
                       "prolog_ratio_no_memo_over_memo": round(
                           medians["no_memo"]["prolog"] / medians["memo"]["prolog"], 2)}))
 
