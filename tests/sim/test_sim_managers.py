@@ -402,3 +402,49 @@ def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
     assert fast.start == full.start and fast.log == full.log
     assert fast.energy_j == pytest.approx(full.energy_j, rel=1e-12)
     assert m_full.skipped == 0 and m_fast.skipped > m_fast.runs / 2
+
+
+def test_pbs_power_acts_on_the_hook_s_own_forecast_of_what_qstat_shows():
+    # The simulated hook must see what the real one computes from qstat and
+    # the vnodes: the same jobs, starts and vnodes as queued_demand gives for
+    # the qstat document of this cluster (A, B running; C, D queued; n00005,
+    # n00006 powered down).
+    from pbs_power.pbs.attributes import parse_exec_vnode, parse_qstat_time
+    from pbs_power.pbs.demand import queued_demand, vnode_space
+    manager = PbsPower(default_config(node_idle_limit=600), 60)
+    jobs = [job("A", 0, 2, 300, 500), job("B", 0, 1, 300, 900), job("C", 0, 5, 100, 100),
+            job("D", 0, 1, 50, 200), job("E", 0, 2, 50, 5000)]
+    e = Engine(jobs, make_nodes(6, MODEL), MODEL, manager)
+    manager.attach(e)
+    for node in e.nodes[4:]:
+        e._set(node, DOWN)
+        e._from_pool(node)
+    e.queue = [0, 1]
+    e._schedule(0.0)                          # A on n00001-2, B on n00003
+    e.queue = [2, 3, 4]
+    e.version += 1
+    now = 100.0
+    doc = {"Jobs": {}}
+    for j in (0, 1):
+        doc["Jobs"][e.job_ids[j]] = {
+            "job_state": "R", "stime": e.start[j], "Resource_List": {"walltime": e.wall[j]},
+            "exec_vnode": "+".join("(%s:ncpus=1)" % e.nodes[i].name for i in e.alloc[j])}
+    for j in e.queue:
+        doc["Jobs"][e.job_ids[j]] = {
+            "job_state": "Q", "queue": "workq", "qtime": e.submit[j] + j,
+            "schedselect": "%d:ncpus=1" % e.width[j],
+            "Resource_List": {"walltime": e.wall[j]}}
+    spaces = [vnode_space(n.name, n.name, n.state == DOWN, {"ncpus": 1},
+                          {"ncpus": 1} if n.job is not None else {}, n.job is not None, 1)
+              for n in e.nodes]
+    real = queued_demand(doc, spaces, now, 60, frozenset({"ncpus"}), {}, parse_qstat_time,
+                         parse_exec_vnode, lambda level, msg: None)
+    got = manager.snapshot(now).queued_jobs
+    assert [(q.id, q.estimated_start or now, q.vnodes) for q in real if q.vnodes] == \
+        [(q.id, q.estimated_start, q.vnodes) for q in got]
+    # C (5 nodes) starts once A's walltime ends, on A's nodes, free n00004 and
+    # both powered-down ones; D ends before then and backfills on n00004; E
+    # would run past it on nodes C holds: no start.
+    assert [(q.id, q.estimated_start, q.vnodes) for q in got] == [
+        ("C", 500.0, ("n00001", "n00002", "n00004", "n00005", "n00006")),
+        ("D", 100.0, ("n00004",))]
