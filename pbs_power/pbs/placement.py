@@ -299,7 +299,7 @@ class Room:
     # -- arrangements -------------------------------------------------------
     def arrange(self, job: JobRequest) -> Optional[List[Tuple[str, "_Need"]]]:
         """Where one instance of ``job`` would go, nothing taken; None if it does not fit."""
-        copies = [_needs(c, self.checked) for c in job.chunks for _ in range(c.count)]
+        copies = [need for c in job.chunks for need in [_needs(c, self.checked)] * c.count]
         if job.arrangement == "pack":
             for _host, members in self.hosts():
                 plan = self._fill(job, copies, members, distinct=None)
