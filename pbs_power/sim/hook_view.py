@@ -49,9 +49,14 @@ class HookView:
     def _compute(self, now: float, waking: FrozenSet[str]
                  ) -> List[Tuple[int, Optional[float], List[Node]]]:
         engine = self.engine
+        room = self._room()
+        if not room:
+            # Every node runs a job: the forecast could only name busy nodes,
+            # which the planner never acts on, so it changes no decision.
+            return []
         requests = [self._request(j) for j in engine.queue]
         width = sum(engine.width[j] for j in engine.queue)
-        spaces = waking_first(self._room(), waking)
+        spaces = waking_first(room, waking)
         # A job takes whole 1-ncpus vnodes in order, so no fit reaches past
         # the first `width` awake and the first `width` sleeping ones.
         awake = [s for s in spaces if not s.asleep][:width]

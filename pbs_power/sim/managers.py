@@ -256,7 +256,7 @@ class PbsPower(Manager):
             if start - horizon > now:
                 until = min(until, start - horizon)
             elif any(n.marked or n.state in (DOWN, SHUTTING, BOOTING) for n in nodes):
-                until = min(until, start - longest - cfg.cycle_interval)
+                until = min(until, start - longest - 2 * cfg.cycle_interval)
         return until
 
     def snapshot(self, now: float) -> Snapshot:
