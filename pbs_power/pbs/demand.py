@@ -136,7 +136,8 @@ def waking_first(spaces: Sequence[VnodeSpace], waking: Iterable[str]) -> List[Vn
     """Sleeping vnodes whose host is already being woken go before the others,
     so the forecast counts on them before it asks for more wakes."""
     up = set(waking)
-    return sorted(spaces, key=lambda s: s.asleep and s.host not in up)
+    first = [s for s in spaces if not s.asleep or s.host in up]
+    return first + [s for s in spaces if s.asleep and s.host not in up]
 
 
 def scheduler_order(doc: Mapping[str, Any], queue_priority: Mapping[str, int],
