@@ -285,15 +285,15 @@ class Room:
             _consume(need, self.free[name])
         names = list(dict.fromkeys(name for name, _ in plan))
         sharing = self._sharing(job, names)
-        for name in names:
-            self.used.add(name)
-            if sharing == "excl":
-                self.whole.add(name)
-            elif sharing == "exclhost":
-                host = self.by_name[name].host
-                self.whole.update(v.name for v in self.live if v.host == host)
-        if any(self._full(v.name) for v in self.live if v.name in self.whole or v.name in names):
-            self._relive()
+        self.used.update(names)
+        if sharing == "excl":
+            self.whole.update(names)
+        elif sharing == "exclhost":
+            hosts = {self.by_name[name].host for name in names}
+            self.whole.update(v.name for v in self.live if v.host in hosts)
+        if sharing != "shared" or any(self._full(name) for name in names):
+            self.live = [v for v in self.live if not self._full(v.name)]   # only fewer
+            self.sleeping = sum(1 for v in self.live if v.asleep)
         return names
 
     # -- arrangements -------------------------------------------------------
