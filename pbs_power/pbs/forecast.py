@@ -85,8 +85,12 @@ def _place_now(room: Room, job: JobRequest, both: Optional[Room], past: bool
     shadow time only where ``both`` (room that stays free then) allows. The
     vnodes, and whether an instance is left waiting."""
     names: Dict[str, None] = {}
+    target = both if past and both is not None else room
+    cpus = _ncpus(job) if "ncpus" in room.checked else 0.0
     for _ in range(max(1, min(job.instances, MAX_INSTANCES))):
-        plan = (both if past and both is not None else room).arrange(job)
+        if cpus and target.total("ncpus") < cpus:
+            return tuple(names), True         # not enough ncpus left anywhere
+        plan = target.arrange(job)
         if plan is None:
             return tuple(names), True
         names.update((n, None) for n in room.commit(job, plan))

@@ -202,6 +202,7 @@ class Room:
         other.checked, other.awake, other.dozing = self.checked, list(self.awake), self.dozing
         other.freed = dict(self.freed)
         other.live, other.sleeping = list(self.live), self.sleeping
+        other._totals = {}
         return other
 
     def narrowed(self, other: "Room") -> "Room":
@@ -229,6 +230,7 @@ class Room:
             space = self.by_name[name] = VnodeSpace(name, host, False, {})
             self.free[name] = {}
         self.freed.setdefault(name, space)
+        self._totals = {}
         free = self.free[name]
         for key, amount in amounts.items():
             have = free.get(key, 0.0)
@@ -239,6 +241,7 @@ class Room:
             self.whole.discard(name)
 
     def _relive(self) -> None:
+        self._totals: Dict[str, Tuple[List[VnodeSpace], float]] = {}
         freed = self.freed
         self.live = [v for v in freed.values() if not self._full(v.name)] + \
             [v for v in self.awake if v.name not in freed and not self._full(v.name)] + \
@@ -262,9 +265,14 @@ class Room:
         return "ncpus" in self.checked and isinstance(cpus, float) and cpus <= 0
 
     def total(self, key: str) -> float:
-        """The sum of ``key`` over the live vnodes (an upper bound on what fits)."""
-        return sum(f for f in (self.free[v.name].get(key) for v in self.live)
-                   if isinstance(f, float) and f > 0)
+        """The sum of ``key`` over the live vnodes (an upper bound on what fits);
+        kept until the room changes."""
+        cached = self._totals.get(key)
+        if cached is None or cached[0] is not self.live:
+            amount = sum(f for f in (self.free[v.name].get(key) for v in self.live)
+                         if isinstance(f, float) and f > 0)
+            cached = self._totals[key] = (self.live, amount)
+        return cached[1]
 
     def hosts(self) -> List[Tuple[str, List[VnodeSpace]]]:
         grouped: Dict[str, List[VnodeSpace]] = {}
@@ -283,6 +291,7 @@ class Room:
         """Take what ``plan`` (from ``arrange``, of this room or another) uses."""
         for name, need in plan:
             _consume(need, self.free[name])
+        self._totals = {}
         names = list(dict.fromkeys(name for name, _ in plan))
         sharing = self._sharing(job, names)
         self.used.update(names)
