@@ -241,7 +241,7 @@ class Room:
             self.whole.discard(name)
 
     def _relive(self) -> None:
-        self._totals: Dict[str, Tuple[List[VnodeSpace], float]] = {}
+        self._totals: Dict[str, float] = {}
         freed = self.freed
         self.live = [v for v in freed.values() if not self._full(v.name)] + \
             [v for v in self.awake if v.name not in freed and not self._full(v.name)] + \
@@ -268,11 +268,11 @@ class Room:
         """The sum of ``key`` over the live vnodes (an upper bound on what fits);
         kept until the room changes."""
         cached = self._totals.get(key)
-        if cached is None or cached[0] is not self.live:
-            amount = sum(f for f in (self.free[v.name].get(key) for v in self.live)
-                         if isinstance(f, float) and f > 0)
-            cached = self._totals[key] = (self.live, amount)
-        return cached[1]
+        if cached is None:
+            cached = self._totals[key] = sum(
+                f for f in (self.free[v.name].get(key) for v in self.live)
+                if isinstance(f, float) and f > 0)
+        return cached
 
     def hosts(self) -> List[Tuple[str, List[VnodeSpace]]]:
         grouped: Dict[str, List[VnodeSpace]] = {}
@@ -289,9 +289,14 @@ class Room:
 
     def commit(self, job: JobRequest, plan: List[Tuple[str, "_Need"]]) -> List[str]:
         """Take what ``plan`` (from ``arrange``, of this room or another) uses."""
+        totals = self._totals
         for name, need in plan:
-            _consume(need, self.free[name])
-        self._totals = {}
+            free = self.free[name]
+            for key, amount, _text in need:     # what the live vnodes lose, at most
+                have = free.get(key)
+                if key in totals and amount is not None and isinstance(have, float):
+                    totals[key] -= min(amount, max(have, 0.0))
+            _consume(need, free)
         names = list(dict.fromkeys(name for name, _ in plan))
         sharing = self._sharing(job, names)
         self.used.update(names)
