@@ -1,7 +1,9 @@
 """What queued PBS jobs need: qstat's jobs and the vnodes' room in, `QueuedJob`s out.
 
-Two sources: the fit (``placement.fit_jobs``) names the sleeping vnodes that
-make a job runnable now, in the scheduler's job order; PBS's own estimate
+Two sources: the forecast (``forecast.forecast_starts``) gives, in the
+scheduler's job order, the jobs that start now on free and sleeping vnodes
+and the top blocked job's start once running jobs' walltimes run out, with
+the vnodes each takes; PBS's own estimate
 (``estimated.start_time``/``exec_vnode``, given only with strict_ordering or
 backfill) wins when it names sleeping vnodes (only with the server's
 ``power_provisioning`` on does the scheduler count them). An estimate
@@ -16,8 +18,9 @@ import re
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..states.model import QueuedJob
+from .forecast import Release, Start, forecast_starts
 from .placement import (DEFAULT_CHECKED, JobRequest, SelectError, VnodeSpace, count_indices,
-                        fit_jobs, parse_amount, parse_place, parse_select)
+                        parse_amount, parse_place, parse_select)
 
 #: Seconds after "now" at which the scheduler calendars a sleeping vnode up.
 PROVISION_WINDOW = 600.0
@@ -61,7 +64,80 @@ def job_request(job_id: str, attrs: Mapping[str, Any]) -> JobRequest:
         select = "1:" + ":".join(parts) if parts else "1:ncpus=1"
     arrangement, sharing = parse_place(res.get("place"))
     return JobRequest(str(job_id), parse_select(str(select)), arrangement, sharing,
-                      waiting(attrs))
+                      waiting(attrs), parse_duration(res.get("walltime")))
+
+
+def parse_duration(value: Any) -> Optional[float]:
+    """A walltime (``[[HH:]MM:]SS``, or seconds) in seconds; None if unset or unreadable."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    total = 0.0
+    parts = str(value).strip().split(":")
+    if len(parts) > 3:
+        return None
+    for part in parts:
+        try:
+            total = total * 60 + float(part)
+        except ValueError:
+            return None
+    return total
+
+
+def exec_amounts(text: str) -> Tuple[Tuple[str, Tuple[Tuple[str, float], ...]], ...]:
+    """``(n1:ncpus=2:mem=1gb)+(n2:ncpus=2)`` -> each vnode once, with the amounts it holds."""
+    out: Dict[str, Dict[str, float]] = {}
+    for piece in str(text or "").replace("(", "+").replace(")", "+").split("+"):
+        fields = piece.strip().split(":")
+        if not fields[0]:
+            continue
+        held = out.setdefault(fields[0], {})
+        for item in fields[1:]:
+            name, _eq, value = item.partition("=")
+            amount = parse_amount(value)
+            if amount is not None:
+                held[name] = held.get(name, 0.0) + amount
+    return tuple((name, tuple(held.items())) for name, held in out.items())
+
+
+def running_releases(doc: Mapping[str, Any], now: float, parse_time: ParseTime,
+                     host_of: Mapping[str, str]) -> Tuple[Release, ...]:
+    """When each running job's walltime runs out and what it frees (now for a job
+    past it or exiting), in that order; jobs without a walltime or start free nothing."""
+    timed = []
+    seen: set = set()                         # vnodes a later-ending job still holds
+    for jid, attrs in (doc.get("Jobs") or {}).items():
+        if not isinstance(attrs, dict) or attrs.get("job_state") not in ("R", "E"):
+            continue
+        wall = parse_duration((attrs.get("Resource_List") or {}).get("walltime"))
+        started = parse_time(attrs.get("stime"))
+        held = exec_amounts(str(attrs.get("exec_vnode") or ""))
+        if attrs.get("job_state") == "E":
+            end = now
+        elif wall is None or started is None:
+            seen.update(name for name, _ in held)      # held for as long as we can tell
+            continue
+        else:
+            end = max(now, started + wall)
+        if held:
+            timed.append((end, str(jid), held))
+    timed.sort(key=lambda item: item[0])
+    out = []
+    for end, jid, held in reversed(timed):
+        freed = tuple((name, host_of.get(name) or re.sub(r"\[.*\]$", "", name), amounts,
+                       name not in seen) for name, amounts in held)
+        seen.update(name for name, _ in held)
+        out.append(Release(end, jid, freed))
+    return tuple(reversed(out))
+
+
+def waking_first(spaces: Sequence[VnodeSpace], waking: Iterable[str]) -> List[VnodeSpace]:
+    """Sleeping vnodes whose host is already being woken go before the others,
+    so the forecast counts on them before it asks for more wakes."""
+    up = set(waking)
+    first = [s for s in spaces if not s.asleep or s.host in up]
+    return first + [s for s in spaces if s.asleep and s.host not in up]
 
 
 def scheduler_order(doc: Mapping[str, Any], queue_priority: Mapping[str, int],
@@ -96,12 +172,13 @@ def vnode_space(name: str, host: str, asleep: bool, available: Mapping[str, Any]
 def queued_demand(doc: Mapping[str, Any], spaces: Sequence[VnodeSpace], now: float,
                   cycle_interval: float, checked: FrozenSet[str],
                   queue_priority: Mapping[str, int], parse_time: ParseTime,
-                  parse_vnodes: ParseVnodes, log: LogFn) -> Tuple[QueuedJob, ...]:
+                  parse_vnodes: ParseVnodes, log: LogFn,
+                  waking: Iterable[str] = ()) -> Tuple[QueuedJob, ...]:
     """Every waiting job's need.
 
     PBS's estimate when it names sleeping vnodes (the scheduler counted them:
-    its plan is the one it will follow), else the fit's sleeping vnodes
-    (needed now), else the estimate as it is.
+    its plan is the one it will follow), else the forecast's start and
+    vnodes, else the estimate as it is. ``waking``: hosts being brought up.
     """
     ordered = scheduler_order(doc, queue_priority, parse_time)
     requests, unreadable = [], []
@@ -112,7 +189,11 @@ def queued_demand(doc: Mapping[str, Any], spaces: Sequence[VnodeSpace], now: flo
             unreadable.append("%s (%s)" % (jid, exc))
     if unreadable:
         log("warning", "not fitted (select/place unreadable): %s" % "; ".join(unreadable[:5]))
-    fitted = {f.job_id: f.wake for f in fit_jobs(requests, spaces, checked)}
+    hosts = {s.name: s.host for s in spaces}
+    forecast: Dict[str, List[Start]] = {}
+    for f in forecast_starts(requests, waking_first(spaces, waking),
+                             running_releases(doc, now, parse_time, hosts), now, checked):
+        forecast.setdefault(f.job_id, []).append(f)      # an array: now, and later
     asleep = {s.name for s in spaces if s.asleep}
     out = []
     for jid, attrs in ordered:
@@ -120,11 +201,16 @@ def queued_demand(doc: Mapping[str, Any], spaces: Sequence[VnodeSpace], now: flo
         vnodes = parse_vnodes(str(est.get("exec_vnode") or ""))
         start = parse_time(est.get("start_time"))
         on_sleeping = bool(asleep.intersection(vnodes))
-        if jid in fitted and not on_sleeping:
-            out.append(QueuedJob(jid, None, fitted[jid]))
+        if jid in forecast and not on_sleeping:
+            out.extend(as_queued(f) for f in forecast[jid])
             continue
         if on_sleeping and start is not None \
                 and start <= now + PROVISION_WINDOW + cycle_interval:
             start = None            # waits only for the sleeping vnodes: needed now
         out.append(QueuedJob(jid, start, vnodes))
     return tuple(out)
+
+
+def as_queued(start: Start) -> QueuedJob:
+    """A forecast as the planner reads it (no start: needed now)."""
+    return QueuedJob(start.job_id, start.start, start.vnodes)

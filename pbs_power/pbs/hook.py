@@ -199,18 +199,19 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
     live = None  # job ids for the leaked-group cleanup; None = unknown, no cleanup
     vnodes = vnodes_from(pbs, event.vnode_list)
     query_failed = False
-    try:
-        doc = query_jobs_json(conf["PBS_EXEC"])
-        jobs, live = demand_from(pbs, event.vnode_list, doc, config, conf, now, log), \
-            live_job_ids_from(doc)
-    except (QueryError, KeyError) as exc:
-        log("error", "queued jobs unknown (%s); no host is taken down this cycle" % exc)
-        jobs, query_failed = (), True
-        config = replace(config, power_on_off_enable=False, power_ramp_rate_enable=False)
-    snapshot = Snapshot(vnodes, queued_jobs=jobs,
-                        reservations=reservations_from(event.resv_list))
     with Store.open(config.state_dir) as store, \
             get_backend(config.power_backend, config.state_dir) as backend:
+        waking = [t.host for t in store.transitions() if not t.kind.is_down]
+        try:
+            doc = query_jobs_json(conf["PBS_EXEC"])
+            jobs, live = demand_from(pbs, event.vnode_list, doc, config, conf, now, log,
+                                     waking), live_job_ids_from(doc)
+        except (QueryError, KeyError) as exc:
+            log("error", "queued jobs unknown (%s); no host is taken down this cycle" % exc)
+            jobs, query_failed = (), True
+            config = replace(config, power_on_off_enable=False, power_ramp_rate_enable=False)
+        snapshot = Snapshot(vnodes, queued_jobs=jobs,
+                            reservations=reservations_from(event.resv_list))
         report = Cycle(config, store, backend, log, check_down_hosts=True).run(
             snapshot, now, query_failed)
     changed = apply_marks(pbs, event.vnode_list, report.marks, log)
@@ -225,14 +226,16 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
 
 
 def demand_from(pbs, vnode_list: Dict[str, Any], doc: Dict[str, Any], config,
-                conf: Dict[str, str], now: float, log: LogFn) -> Tuple[QueuedJob, ...]:
-    """Queued jobs' needs: the fit onto free plus sleeping vnodes, else PBS's estimates."""
+                conf: Dict[str, str], now: float, log: LogFn,
+                waking: Iterable[str] = ()) -> Tuple[QueuedJob, ...]:
+    """Queued jobs' needs: the forecast onto free, sleeping and freed vnodes, else
+    PBS's estimates; ``waking``: hosts being brought up (counted on first)."""
     from .demand import queued_demand
     from .scheduler import host_name, queue_priorities, sched_checked, vnode_spaces
     spaces = vnode_spaces(pbs, vnode_list, state_names, host_name)
     return queued_demand(doc, spaces, now, config.cycle_interval,
                          sched_checked(conf.get("PBS_HOME")), queue_priorities(pbs),
-                         parse_qstat_time, parse_exec_vnode, log)
+                         parse_qstat_time, parse_exec_vnode, log, waking)
 
 
 def _pbs_conf(pbs) -> Dict[str, str]:

@@ -51,6 +51,7 @@ class JobRequest:
     arrangement: str = "free"
     sharing: str = ""
     instances: int = 1
+    walltime: Optional[float] = None    # seconds requested; None: unknown (runs for ever)
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def fit_jobs(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
     ``vnodes`` come in the scheduler's node order; jobs that cannot run even
     with every sleeping vnode up get nothing and take nothing.
     """
-    room = _Room(vnodes, checked)
+    room = Room(vnodes, checked)
     fits: List[JobFit] = []
     for job in jobs:
         if not room.sleeping_left():
@@ -171,24 +172,85 @@ def fit_jobs(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
     return tuple(fits)
 
 
-class _Room:
+class Room:
     """Free resources per vnode while jobs are fitted one after the other.
 
     Values are parsed once (numbers to floats); vnodes that are full or
     taken whole leave ``live``, so a long queue on a busy cluster does not
-    scan them again for every chunk.
+    scan them again for every chunk. Awake vnodes come before sleeping ones
+    (wake as few as possible). ``release`` gives a running job's resources
+    back, for a forecast of later starts.
     """
 
     def __init__(self, vnodes: Sequence[VnodeSpace], checked: FrozenSet[str]):
-        awake = [v for v in vnodes if not v.asleep]
         self.by_name = {v.name: v for v in vnodes}
         self.free: Dict[str, Dict[str, Any]] = {v.name: _parsed(v.free) for v in vnodes}
         self.used = {v.name for v in vnodes if v.occupied}      # something runs there
         self.whole: set = set()                                 # taken exclusively
         self.checked = checked
-        self.live = [v for v in awake + [v for v in vnodes if v.asleep]  # wake as few as possible
-                     if not self._full(v.name)]
+        self.awake = [v for v in vnodes if not v.asleep]
+        self.dozing = [v for v in vnodes if v.asleep]
+        self.freed: Dict[str, VnodeSpace] = {}          # released by running jobs, in order
+        self._relive()
+
+    def copy(self) -> "Room":
+        """An independent room with the same free resources (for a look ahead)."""
+        other = Room.__new__(Room)
+        other.by_name = dict(self.by_name)
+        other.free = {name: dict(free) for name, free in self.free.items()}
+        other.used, other.whole = set(self.used), set(self.whole)
+        other.checked, other.awake, other.dozing = self.checked, list(self.awake), self.dozing
+        other.freed = dict(self.freed)
+        other.live, other.sleeping = list(self.live), self.sleeping
+        other._totals = {}
+        return other
+
+    def narrowed(self, other: "Room") -> "Room":
+        """A room with, per vnode, the lesser amount of this one and ``other``'s."""
+        out = self.copy()
+        for name, free in out.free.items():
+            theirs = other.free.get(name, {})
+            for key, have in free.items():
+                if isinstance(have, float):
+                    there = theirs.get(key)
+                    free[key] = min(have, there) if isinstance(there, float) else 0.0
+        out.used |= other.used
+        out.whole |= other.whole
+        out._relive()
+        return out
+
+    def release(self, name: str, host: str, amounts: Mapping[str, float],
+                vacated: bool) -> None:
+        """A running job ends: ``amounts`` come back on ``name`` (awake, as it ran
+        a job); ``vacated``: no other running job is left on it. Freed vnodes
+        come first: they are up anyway, so counting on them keeps fewer idle
+        vnodes up and wakes fewer."""
+        space = self.by_name.get(name)
+        if space is None:
+            space = self.by_name[name] = VnodeSpace(name, host, False, {})
+            self.free[name] = {}
+        self.freed.setdefault(name, space)
+        self._totals = {}
+        free = self.free[name]
+        for key, amount in amounts.items():
+            have = free.get(key, 0.0)
+            if isinstance(have, float):
+                free[key] = have + float(amount)
+        if vacated:
+            self.used.discard(name)
+            self.whole.discard(name)
+
+    def _relive(self) -> None:
+        self._totals: Dict[str, float] = {}
+        freed = self.freed
+        self.live = [v for v in freed.values() if not self._full(v.name)] + \
+            [v for v in self.awake if v.name not in freed and not self._full(v.name)] + \
+            [v for v in self.dozing if v.name not in freed and not self._full(v.name)]
         self.sleeping = sum(1 for v in self.live if v.asleep)
+
+    def refresh(self) -> None:
+        """Look at every vnode again (after releases)."""
+        self._relive()
 
     def asleep(self, name: str) -> bool:
         return self.by_name[name].asleep
@@ -202,6 +264,16 @@ class _Room:
         cpus = self.free[name].get("ncpus")
         return "ncpus" in self.checked and isinstance(cpus, float) and cpus <= 0
 
+    def total(self, key: str) -> float:
+        """The sum of ``key`` over the live vnodes (an upper bound on what fits);
+        kept until the room changes."""
+        cached = self._totals.get(key)
+        if cached is None:
+            cached = self._totals[key] = sum(
+                f for f in (self.free[v.name].get(key) for v in self.live)
+                if isinstance(f, float) and f > 0)
+        return cached
+
     def hosts(self) -> List[Tuple[str, List[VnodeSpace]]]:
         grouped: Dict[str, List[VnodeSpace]] = {}
         for v in self.live:
@@ -210,28 +282,38 @@ class _Room:
 
     def place(self, job: JobRequest) -> Optional[List[str]]:
         """Put one instance of ``job``; the vnodes used (committed), or None (nothing taken)."""
-        plan = self._arrange(job)
+        plan = self.arrange(job)
         if plan is None:
             return None
+        return self.commit(job, plan)
+
+    def commit(self, job: JobRequest, plan: List[Tuple[str, "_Need"]]) -> List[str]:
+        """Take what ``plan`` (from ``arrange``, of this room or another) uses."""
+        totals = self._totals
         for name, need in plan:
-            _consume(need, self.free[name])
+            free = self.free[name]
+            for key, amount, _text in need:     # what the live vnodes lose, at most
+                have = free.get(key)
+                if key in totals and amount is not None and isinstance(have, float):
+                    totals[key] -= min(amount, max(have, 0.0))
+            _consume(need, free)
         names = list(dict.fromkeys(name for name, _ in plan))
         sharing = self._sharing(job, names)
-        for name in names:
-            self.used.add(name)
-            if sharing == "excl":
-                self.whole.add(name)
-            elif sharing == "exclhost":
-                host = self.by_name[name].host
-                self.whole.update(v.name for v in self.live if v.host == host)
-        if any(self._full(v.name) for v in self.live if v.name in self.whole or v.name in names):
-            self.live = [v for v in self.live if not self._full(v.name)]
+        self.used.update(names)
+        if sharing == "excl":
+            self.whole.update(names)
+        elif sharing == "exclhost":
+            hosts = {self.by_name[name].host for name in names}
+            self.whole.update(v.name for v in self.live if v.host in hosts)
+        if sharing != "shared" or any(self._full(name) for name in names):
+            self.live = [v for v in self.live if not self._full(v.name)]   # only fewer
             self.sleeping = sum(1 for v in self.live if v.asleep)
         return names
 
     # -- arrangements -------------------------------------------------------
-    def _arrange(self, job: JobRequest) -> Optional[List[Tuple[str, "_Need"]]]:
-        copies = [_needs(c, self.checked) for c in job.chunks for _ in range(c.count)]
+    def arrange(self, job: JobRequest) -> Optional[List[Tuple[str, "_Need"]]]:
+        """Where one instance of ``job`` would go, nothing taken; None if it does not fit."""
+        copies = [need for c in job.chunks for need in [_needs(c, self.checked)] * c.count]
         if job.arrangement == "pack":
             for _host, members in self.hosts():
                 plan = self._fill(job, copies, members, distinct=None)
@@ -246,8 +328,12 @@ class _Room:
         trial: Dict[str, Dict[str, Any]] = {}
         seen: set = set()
         plan: List[Tuple[str, _Need]] = []
+        # Room only shrinks during one fill, so a vnode that could not take a
+        # chunk cannot take a copy of it: copies resume where the last went.
+        resume: Dict[_Need, int] = {}
         for need in copies:
-            for v in members:
+            for i in range(resume.get(need, 0), len(members)):
+                v = members[i]
                 key = v.host if distinct == "host" else v.name
                 if distinct and key in seen:
                     continue
@@ -260,6 +346,7 @@ class _Room:
                     _consume(need, room)
                     plan.append((v.name, need))
                     seen.add(key)
+                    resume[need] = i
                     break
             else:
                 return None
@@ -347,5 +434,5 @@ def _matches(have: Any, wanted: str) -> bool:
     return wanted in [item.strip() for item in str(have).split(",")]
 
 
-__all__ = ["Chunk", "JobRequest", "VnodeSpace", "JobFit", "SelectError", "parse_select",
+__all__ = ["Chunk", "JobRequest", "VnodeSpace", "JobFit", "Room", "SelectError", "parse_select",
            "parse_place", "parse_amount", "count_indices", "fit_jobs", "DEFAULT_CHECKED"]

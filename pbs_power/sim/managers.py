@@ -16,12 +16,13 @@ no code of theirs is copied.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
 from pbs_power.states.cycle import Cycle, boot_times
 from ..devices.base import HostPower, PowerBackend, Result
 from pbs_power.states.model import Phase, PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
+from .hook_view import HookView
 from .memstore import MemoryStore
 from .scheduling import INF
 from .manager import AlwaysOn, Manager  # noqa: F401  (re-exported)
@@ -138,9 +139,9 @@ class PbsPower(Manager):
     def __init__(self, config: HookConfig, cycle: float, log=None, skip_quiet: bool = True,
                  prune: bool = True, forecast: bool = False):
         self.cfg = config
-        #: the queued jobs the hook sees: its own fit of the jobs that can run
-        #: now, or (``forecast``) an EASY calendar of every queued job's start
-        self.forecast: object = "calendar" if forecast else True
+        #: ``forecast``: the what-if fed the simulator's own EASY calendar
+        #: instead of the hook's forecast from what PBS shows
+        self.forecast = forecast
         if forecast:
             self.name = "pbs-power-forecast"
         self.cycle = float(cycle)
@@ -159,7 +160,16 @@ class PbsPower(Manager):
         self.by_name = {n.name: n for n in engine.nodes}
         self.runner = Cycle(self.cfg, self.store, SimBackend(engine, self.by_name), self.log,
                             journaled=False)   # a replay needs no status or metrics
+        self.view = HookView(engine)
         engine.every(self.cycle, engine.submit[0] if engine.submit else 0.0)
+
+    def queued(self, now: float) -> List[Tuple[int, float, List[Node]]]:
+        """The queued jobs' starts and nodes as the hook forecasts them from what
+        PBS shows (or, for the what-if, the simulator's calendar)."""
+        if self.forecast:
+            return self.engine.estimates(now, "calendar")
+        waking = [t.host for t in self.store.transitions() if not t.kind.is_down]
+        return self.view.forecast(now, waking)
 
     def on_cycle(self, now: float) -> None:
         engine, by_name = self.engine, self.by_name
@@ -242,11 +252,11 @@ class PbsPower(Manager):
         longest = max([cfg.node_boot_time, cfg.node_wake_time]
                       + [secs for per in boot_times(store).values() for secs in per.values()])
         horizon = 2 * longest + cfg.min_node_down_delay + 2 * cfg.cycle_interval
-        for _j, start, nodes in self.engine.estimates(now, self.forecast):
+        for _j, start, nodes in self.queued(now):
             if start - horizon > now:
                 until = min(until, start - horizon)
             elif any(n.marked or n.state in (DOWN, SHUTTING, BOOTING) for n in nodes):
-                until = min(until, start - longest - cfg.cycle_interval)
+                until = min(until, start - longest - 2 * cfg.cycle_interval)
         return until
 
     def snapshot(self, now: float) -> Snapshot:
@@ -258,7 +268,7 @@ class PbsPower(Manager):
         Hosts in flight or failed are always in.
         """
         in_flight = {t.host for t in self.store.transitions()}
-        estimates = self.engine.estimates(now, self.forecast)
+        estimates = self.queued(now)
         jobs = tuple(QueuedJob(self.engine.job_ids[j], start, tuple(n.name for n in nodes))
                      for j, start, nodes in estimates)
         if not self.prune or self.cfg.min_idle_nodes:

@@ -148,7 +148,7 @@ class Scheduling:
         nothing); only those that need a node that is not up are listed.
         With ``fit="calendar"``, every queued job gets the start an EASY
         calendar of the running jobs' walltimes gives it (`_calendar`): a
-        forecast a hook could compute from qstat, which none does yet.
+        calendar of the simulator's own, to compare with the hook's forecast.
         The answer is shared until the cluster changes: do not modify it.
         """
         key = (self.version, t, fit)

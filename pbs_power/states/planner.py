@@ -13,8 +13,8 @@ those it held back and why. The rules, in the words an admin would use:
   could shut down, rest ``min_node_down_delay`` and boot again.
 * A sleeping host is brought up once waiting one more cycle would make it
   late for the first job or reservation that needs it (its boot time is the
-  one measured from its past boots when known, else ``node_boot_time``);
-  earliest needed first.
+  one measured from its past boots when known, else ``node_boot_time``,
+  plus one cycle for the run that hands it back); earliest needed first.
 * A host that went down less than ``min_node_down_delay`` ago stays down
   unless work needs it before it could otherwise be up.
 * ``min_idle_nodes`` spare hosts are kept awake (waking some if needed).
@@ -207,7 +207,9 @@ class _Context:
             if need is None:
                 continue
             lead = self.lead_time(name, self.up_kind)
-            latest = need.at - lead
+            # A host that is up takes work only once a later cycle hands it
+            # back (clears its sleep mark): up to one cycle after its boot.
+            latest = need.at - lead - self.cfg.cycle_interval
             if latest > self.now + self.cfg.cycle_interval:
                 continue                      # the next cycle is early enough
             held = self._resting(name, need.at, lead)

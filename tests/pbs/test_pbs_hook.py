@@ -46,7 +46,7 @@ def play_server(state_path, tmp_path, now):
     fleet.close()
     state = c.load_state(state_path)
     for name, v in state["vnodes"].items():
-        if "sleep" in v["state"] or "offline" in v["state"]:
+        if "sleep" in v["state"] or "offline" in v["state"] or name not in power:
             continue
         want = ["free"] if power[name].state.value == "on" else ["down"]
         if v["state"] != want and "job-busy" not in v["state"]:
@@ -198,3 +198,35 @@ def test_the_journal_records_what_the_hook_did(pbs_cluster, tmp_path):
     (wait,) = tally.histogram(rows, "wake_wait_seconds", journal.WAIT_BUCKETS)
     assert wait.count == 1 and wait.sum == n1[-1].seconds > 0
     assert tally.counter(rows, "jobs_waited_for_wake") == {(): 1.0}
+
+
+def test_a_job_blocked_by_a_running_job_gets_its_hosts_woken_before_the_walltime_ends(
+        pbs_cluster, tmp_path):
+    # All six managed hosts are asleep; n7 (not power managed) runs 40 until its
+    # walltime ends at now + 1100. 41 needs seven hosts and has no PBS
+    # estimate: the hook's own forecast starts it then, on n7 and the six
+    # sleeping hosts, and wakes them one boot (300 s) plus one cycle ahead:
+    # due once now + 1100 - 300 - 300 <= t + 300, so not at now, from now + 300.
+    for i in range(12):
+        cycle(pbs_cluster, tmp_path, T0 + i * CYCLE)
+    now = T0 + 12 * CYCLE
+    state = c.load_state(pbs_cluster)
+    state["vnodes"]["n7"] = c.make_vnode("n7", state="job-busy", jobs="40.pbssvr/0",
+                                         resources_assigned={"ncpus": 1})
+    state["jobs"]["40.pbssvr"] = c.make_job(
+        job_state="R", stime=now - 100,
+        Resource_List={"walltime": "00:20:00", "select": "1:ncpus=1"})
+    state["jobs"]["40.pbssvr"]["exec_vnode"] = "(n7:ncpus=1)"     # (make_job's is estimated)
+    state["jobs"]["41.pbssvr"] = c.make_job(
+        qtime=now - 50, schedselect="7:ncpus=1",
+        Resource_List={"walltime": "01:00:00", "select": "7:ncpus=1"})
+    c.save_state(pbs_cluster, state)
+    woken = {}
+    for k in range(4):
+        record = cycle(pbs_cluster, tmp_path, now + k * CYCLE)
+        for line in record["log"]:
+            if "power_on sent: job 41.pbssvr" in line:
+                woken.setdefault(k, []).append(line.split("pbs_power: ")[1].split(":")[0])
+    assert min(woken) == 1
+    assert sorted(h for hosts in woken.values() for h in hosts) == [
+        "n1", "n2", "n3", "n4", "n5", "n6"]

@@ -54,33 +54,38 @@ def _blocked_pair(boot_guess: int):
 
 
 def test_pbs_power_wakes_ahead_of_the_estimated_start_when_boot_time_is_known():
-    # Boot time 300 known: latest start of the boot 3100 - 300 = 2800 is
-    # within the next cycle at 2700 (2400 + 300 < 2800): woken at 2700, up at
-    # 3000, so B1 starts at 3100 with no power delay.
+    # Boot time 300 known: the wake is due once 3100 - 300 (boot) - 300 (the
+    # run that hands the host back) = 2500 <= now + 300: at the 2400 cycle
+    # (2100 + 300 < 2500); up at 2700 and handed back by the 2700 cycle, so B1
+    # starts at 3100 with no power delay.
     config, jobs = _blocked_pair(300)
     e = run(jobs, 2, PbsPower(config, 300))
     assert [x for x in e.log if x[1] in ("down", "up")] == \
-        [(900.0, "down", "n00002"), (2700.0, "up", "n00002")]
+        [(900.0, "down", "n00002"), (2400.0, "up", "n00002")]
     assert starts(e) == {"L1": 0.0, "B1": 3100.0}
     assert list(e.power_wait) == [0.0, 0.0]
 
 
 def test_pbs_power_learns_a_node_s_boot_time_and_then_wakes_it_in_time():
-    # node_boot_time 60 is too optimistic: 3100 - 60 = 3040 > 2700 + 300, so
-    # the first wake is at 3000, up at 3300, B1 waits 200 s for power. The
-    # boot is measured (3000 -> 3300: 300 s). Then B1 ends at 4300, L2 holds
-    # n00001 until 12400, n00002 is drained at 5100 (idle 800 s) and off at
-    # 5400; B2 is estimated at 12400 and, with the learned 300 s, woken at
-    # 12000 (12100 <= 12000 + 300 but > 11700 + 300): no delay this time.
-    config, jobs = _blocked_pair(60)
-    jobs += [job("L2", 4400, 1, 8000), job("B2", 6000, 2, 100)]
-    manager = PbsPower(config, 300)
+    # Cycles of 60 s. n00002 is drained at 600 and off at 660. node_boot_time
+    # 60 is too optimistic: B1 is estimated at 3100, the wake is due once
+    # 3100 - 60 (boot) - 60 (the run that hands it back) <= now + 60, at the
+    # 2940 cycle; up at 3240, B1 waits 140 s for power. The boot is measured
+    # (2940 -> 3240: 300 s). B1 ends at 4240, n00002 is drained at 4860 (idle
+    # 620 s) and off at 4920; B2 is estimated at 12400 (L2's end) and, with
+    # the learned 300 s, woken at 12000 (12400 - 300 - 60 <= 12000 + 60 but
+    # > 11940 + 60): up at 12300, no delay this time.
+    config = default_config(node_idle_limit=600, node_boot_time=60,
+                            min_node_down_delay=0, cycle_interval=60)
+    jobs = [job("L1", 0, 1, 3100), job("B1", 1000, 2, 1000), job("L2", 4400, 1, 8000),
+            job("B2", 6000, 2, 100)]
+    manager = PbsPower(config, 60)
     e = run(jobs, 2, manager)
     assert [x for x in e.log if x[1] in ("down", "up")] == \
-        [(900.0, "down", "n00002"), (3000.0, "up", "n00002"),
-         (5400.0, "down", "n00002"), (12000.0, "up", "n00002")]
-    assert starts(e) == {"L1": 0.0, "B1": 3300.0, "L2": 4400.0, "B2": 12400.0}
-    assert dict(zip(e.job_ids, e.power_wait)) == {"L1": 0.0, "B1": 200.0, "L2": 0.0,
+        [(660.0, "down", "n00002"), (2940.0, "up", "n00002"),
+         (4920.0, "down", "n00002"), (12000.0, "up", "n00002")]
+    assert starts(e) == {"L1": 0.0, "B1": 3240.0, "L2": 4400.0, "B2": 12400.0}
+    assert dict(zip(e.job_ids, e.power_wait)) == {"L1": 0.0, "B1": 140.0, "L2": 0.0,
                                                  "B2": 0.0}
     assert manager.store.duration_estimates("power_on") == {"n00002": {"power_on": 300.0}}
 
@@ -402,3 +407,49 @@ def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
     assert fast.start == full.start and fast.log == full.log
     assert fast.energy_j == pytest.approx(full.energy_j, rel=1e-12)
     assert m_full.skipped == 0 and m_fast.skipped > m_fast.runs / 2
+
+
+def test_pbs_power_acts_on_the_hook_s_own_forecast_of_what_qstat_shows():
+    # The simulated hook must see what the real one computes from qstat and
+    # the vnodes: the same jobs, starts and vnodes as queued_demand gives for
+    # the qstat document of this cluster (A, B running; C, D queued; n00005,
+    # n00006 powered down).
+    from pbs_power.pbs.attributes import parse_exec_vnode, parse_qstat_time
+    from pbs_power.pbs.demand import queued_demand, vnode_space
+    manager = PbsPower(default_config(node_idle_limit=600), 60)
+    jobs = [job("A", 0, 2, 300, 500), job("B", 0, 1, 300, 900), job("C", 0, 5, 100, 100),
+            job("D", 0, 1, 50, 200), job("E", 0, 2, 50, 5000)]
+    e = Engine(jobs, make_nodes(6, MODEL), MODEL, manager)
+    manager.attach(e)
+    for node in e.nodes[4:]:
+        e._set(node, DOWN)
+        e._from_pool(node)
+    e.queue = [0, 1]
+    e._schedule(0.0)                          # A on n00001-2, B on n00003
+    e.queue = [2, 3, 4]
+    e.version += 1
+    now = 100.0
+    doc = {"Jobs": {}}
+    for j in (0, 1):
+        doc["Jobs"][e.job_ids[j]] = {
+            "job_state": "R", "stime": e.start[j], "Resource_List": {"walltime": e.wall[j]},
+            "exec_vnode": "+".join("(%s:ncpus=1)" % e.nodes[i].name for i in e.alloc[j])}
+    for j in e.queue:
+        doc["Jobs"][e.job_ids[j]] = {
+            "job_state": "Q", "queue": "workq", "qtime": e.submit[j] + j,
+            "schedselect": "%d:ncpus=1" % e.width[j],
+            "Resource_List": {"walltime": e.wall[j]}}
+    spaces = [vnode_space(n.name, n.name, n.state == DOWN, {"ncpus": 1},
+                          {"ncpus": 1} if n.job is not None else {}, n.job is not None, 1)
+              for n in e.nodes]
+    real = queued_demand(doc, spaces, now, 60, frozenset({"ncpus"}), {}, parse_qstat_time,
+                         parse_exec_vnode, lambda level, msg: None)
+    got = manager.snapshot(now).queued_jobs
+    assert [(q.id, q.estimated_start or now, q.vnodes) for q in real if q.vnodes] == \
+        [(q.id, q.estimated_start, q.vnodes) for q in got]
+    # C (5 nodes) starts once A's walltime ends, on A's nodes, free n00004 and
+    # both powered-down ones; D ends before then and backfills on n00004; E
+    # would run past it on nodes C holds: no start.
+    assert [(q.id, q.estimated_start, q.vnodes) for q in got] == [
+        ("C", 500.0, ("n00001", "n00002", "n00004", "n00005", "n00006")),
+        ("D", 100.0, ("n00004",))]

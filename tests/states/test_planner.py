@@ -117,9 +117,10 @@ def test_job_without_estimated_start_counts_as_needing_its_hosts_now():
 
 
 def test_sleeping_host_wakes_when_the_next_cycle_would_be_too_late():
+    # The lead is the boot plus one cycle: the run after the boot hands the host back.
     c = cfg(node_boot_time=900, cycle_interval=300)
-    in_time = NOW + 900 + 300 - 1          # waiting a cycle would be late
-    early = NOW + 900 + 300 + 1            # next cycle is still in time
+    in_time = NOW + 900 + 300 + 300 - 1    # waiting a cycle would be late
+    early = NOW + 900 + 300 + 300 + 1      # next cycle is still in time
     p = plan(Snapshot((asleep("n1"), asleep("n2")),
                       queued_jobs=(job("1.s", in_time, "n1"), job("2.s", early, "n2"))), c, NOW)
     assert kinds(p) == {"n1": K.POWER_ON}

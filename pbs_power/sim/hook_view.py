@@ -1,0 +1,108 @@
+"""The simulated cluster as the PBS hook reads it, and the hook's own forecast of it.
+
+The pbs-power manager must act on what the real hook would compute, not on
+the simulator's knowledge: each node is a vnode with ``ncpus`` 1 (a job
+takes whole nodes), each queued job a ``select`` of its width with its
+requested walltime, each running job frees its nodes when its walltime
+runs out (qstat's ``stime`` + ``Resource_List.walltime``), and nodes that
+are marked asleep, down or coming up show as ``sleep``. The hook's
+`forecast_starts` turns that into starts and vnodes.
+"""
+from __future__ import annotations
+
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
+
+from pbs_power.pbs.demand import waking_first
+from pbs_power.pbs.forecast import Release, forecast_starts
+from pbs_power.pbs.placement import Chunk, JobRequest, VnodeSpace
+from .nodes import BOOTING, DOWN, IDLE, SHUTTING, Node
+
+_ONE = (("ncpus", 1.0),)
+_CHECKED = frozenset({"ncpus"})
+
+
+class HookView:
+    """Builds the hook's inputs from an engine, keeping what does not change."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._spaces: Dict[Tuple[int, bool], VnodeSpace] = {}
+        self._requests: Dict[int, JobRequest] = {}
+        self._releases: Dict[int, Release] = {}
+        self._index = {n.name: n for n in engine.nodes}
+        self._last: Optional[tuple] = None
+
+    def forecast(self, now: float, waking: Iterable[str]
+                 ) -> List[Tuple[int, float, List[Node]]]:
+        """(job, start, nodes) per queued job the hook's forecast places; start
+        ``now`` for a job that starts now. The answer holds until the cluster
+        or the hosts being woken change: do not modify it."""
+        engine = self.engine
+        if not engine.queue:
+            return []
+        key = (engine.version, frozenset(waking))
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._compute(now, key[1]))
+        return [(j, now if start is None else max(start, now), nodes)
+                for j, start, nodes in self._last[1]]
+
+    def _compute(self, now: float, waking: FrozenSet[str]
+                 ) -> List[Tuple[int, Optional[float], List[Node]]]:
+        engine = self.engine
+        room = self._room()
+        if not room:
+            # Every node runs a job: the forecast could only name busy nodes,
+            # which the planner never acts on, so it changes no decision.
+            return []
+        requests = [self._request(j) for j in engine.queue]
+        width = sum(engine.width[j] for j in engine.queue)
+        spaces = waking_first(room, waking)
+        # A job takes whole 1-ncpus vnodes in order, so no fit reaches past
+        # the first `width` awake and the first `width` sleeping ones.
+        awake = [s for s in spaces if not s.asleep][:width]
+        asleep = [s for s in spaces if s.asleep][:width]
+        starts = forecast_starts(requests, awake + asleep, self._running(), now, _CHECKED)
+        by_id = {engine.job_ids[j]: j for j in engine.queue}
+        return [(by_id[s.job_id], s.start, [self._index[name] for name in s.vnodes])
+                for s in starts]
+
+    def _room(self) -> List[VnodeSpace]:
+        """Vnodes with no job on them, in node order: free ones, and asleep ones."""
+        out = []
+        for node in self.engine.nodes:
+            if node.failed or node.job is not None:
+                continue
+            state = node.state
+            if state not in (IDLE, BOOTING, DOWN, SHUTTING):
+                continue
+            asleep = node.marked or state != IDLE
+            key = (node.idx, asleep)
+            space = self._spaces.get(key)
+            if space is None:
+                space = self._spaces[key] = VnodeSpace(node.name, node.name, asleep,
+                                                       {"ncpus": 1.0})
+            out.append(space)
+        return out
+
+    def _request(self, j: int) -> JobRequest:
+        request = self._requests.get(j)
+        if request is None:
+            engine = self.engine
+            request = self._requests[j] = JobRequest(
+                engine.job_ids[j], (Chunk(engine.width[j], (("ncpus", "1"),)),),
+                walltime=engine.wall[j])
+        return request
+
+    def _running(self) -> List[Release]:
+        """Running jobs' releases at start + walltime, in that order."""
+        engine, out = self.engine, []
+        for end, j in engine.ends:
+            if engine.start[j] is None:
+                continue                        # (slurm only: waiting for its nodes)
+            rel = self._releases.get(j)
+            if rel is None:
+                rel = self._releases[j] = Release(end, engine.job_ids[j], tuple(
+                    (engine.nodes[i].name, engine.nodes[i].name, _ONE, True)
+                    for i in engine.alloc[j]))
+            out.append(rel)
+        return out

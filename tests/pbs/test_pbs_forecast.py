@@ -1,0 +1,170 @@
+"""The hook's forecast: when each queued job starts, from running jobs' walltimes
+and the vnodes' room, EASY-style (the top blocked job holds its vnodes)."""
+import time
+
+from pbs_power.pbs.attributes import QSTAT_TIME_FORMAT, parse_exec_vnode, parse_qstat_time
+from pbs_power.pbs.demand import (exec_amounts, parse_duration, queued_demand,
+                                  running_releases, vnode_space, waking_first)
+from pbs_power.pbs.forecast import Release, Start, forecast_starts
+from pbs_power.pbs.placement import DEFAULT_CHECKED, JobRequest, parse_place, parse_select
+
+from test_pbs_placement import CHECKED, vnode
+
+NOW = 1_800_000_000.0
+
+
+def job(jid, select, walltime=None, place="free", instances=1):
+    arrangement, sharing = parse_place(place)
+    return JobRequest(jid, parse_select(select), arrangement, sharing, instances, walltime)
+
+
+def freed(at, jid, *names, ncpus=4.0):
+    return Release(at, jid, tuple((n, n, (("ncpus", ncpus),), True) for n in names))
+
+
+def starts(jobs, vnodes, releases, checked=CHECKED):
+    out = {}
+    for s in forecast_starts(jobs, vnodes, releases, NOW, checked):
+        out.setdefault(s.job_id, []).append((s.start, s.vnodes))
+    return {jid: got[0] if len(got) == 1 else got for jid, got in out.items()}
+
+
+# n001 and n002 run jobs until NOW+1000 and NOW+3000; n003 is free; n004, n005 asleep.
+BUSY = [vnode("n001", ncpus=0, occupied=True), vnode("n002", ncpus=0, occupied=True),
+        vnode("n003"), vnode("n004", asleep=True), vnode("n005", asleep=True)]
+RUNNING = [freed(NOW + 3000, "2.s", "n002"), freed(NOW + 1000, "1.s", "n001")]
+
+
+def test_a_job_that_fits_now_starts_now_free_vnodes_first():
+    assert starts([job("10.s", "2:ncpus=4")], BUSY, RUNNING) == {
+        "10.s": (None, ("n003", "n004"))}
+
+
+def test_the_top_blocked_job_starts_when_walltimes_free_enough_room():
+    # 4 chunks: n003, n004, n005 now, one more once 1.s's walltime ends
+    # (NOW+1000, not n002's NOW+3000); awake vnodes first, in vnode order.
+    out = starts([job("10.s", "4:ncpus=4")], BUSY, RUNNING)
+    assert out == {"10.s": (NOW + 1000, ("n001", "n003", "n004", "n005"))}
+
+
+def test_a_job_that_never_fits_gets_no_start_and_the_next_is_top():
+    out = starts([job("10.s", "9:ncpus=4"), job("11.s", "5:ncpus=4")], BUSY, RUNNING)
+    assert out == {"11.s": (NOW + 3000, ("n001", "n002", "n003", "n004", "n005"))}
+
+
+def test_later_jobs_backfill_only_without_delaying_the_top_job():
+    # 10.s holds n001, n003, n004, n005 from NOW+1000. 11.s (1 chunk, 3600 s)
+    # would run past that and every vnode it could take now is held: no start.
+    # 12.s ends by NOW+1000, so it starts now on n003. 13.s would run long
+    # on held vnodes too: no start.
+    jobs = [job("10.s", "4:ncpus=4", 7200), job("11.s", "1:ncpus=4", 3600),
+            job("12.s", "1:ncpus=4", 900), job("13.s", "1:ncpus=4", 7200)]
+    out = starts(jobs, BUSY, RUNNING)
+    assert out == {"10.s": (NOW + 1000, ("n001", "n003", "n004", "n005")),
+                   "12.s": (None, ("n003",))}
+
+
+def test_a_long_job_backfills_where_the_top_job_leaves_room():
+    # 10.s wants 3 hosts (scatter): n003 and n004 now, n001 from NOW+1000.
+    # At that time n003 (8 ncpus) still has 4 free, so 11.s (4 ncpus, past
+    # the shadow time) may start there now; 12.s, the same, finds no such
+    # room left; 13.s ends before NOW+1000, so it may use what is free now.
+    vnodes = [vnode("n001", ncpus=0, occupied=True), vnode("n003", ncpus=8),
+              vnode("n004", asleep=True)]
+    jobs = [job("10.s", "3:ncpus=4", 7200, place="scatter"), job("11.s", "1:ncpus=4", 7200),
+            job("12.s", "1:ncpus=4", 7200), job("13.s", "1:ncpus=4", 600)]
+    out = starts(jobs, vnodes, [freed(NOW + 1000, "1.s", "n001")])
+    assert out == {"10.s": (NOW + 1000, ("n001", "n003", "n004")),
+                   "11.s": (None, ("n003",)), "13.s": (None, ("n003",))}
+
+
+def test_an_array_s_instances_start_now_until_one_waits():
+    # three subjobs now on n003, n004, n005; the fourth is the top blocked job
+    out = starts([job("7[].s", "1:ncpus=4", 600, instances=5)], BUSY, RUNNING)
+    assert out["7[].s"] == [(None, ("n003", "n004", "n005")), (NOW + 1000, ("n001",))]
+
+
+def test_exclusive_vnodes_are_free_again_only_when_their_last_job_ends():
+    shared = [vnode("n001", ncpus=2, occupied=True), vnode("n002", asleep=True)]
+    two = Release(NOW + 500, "1.s", (("n001", "n001", (("ncpus", 1.0),), False),))
+    last = Release(NOW + 900, "2.s", (("n001", "n001", (("ncpus", 1.0),), True),))
+    out = starts([job("9.s", "2:ncpus=4", place="excl")], shared, [two, last])
+    assert out == {"9.s": (NOW + 900, ("n001", "n002"))}
+
+
+def test_sleeping_vnodes_being_woken_are_counted_on_first():
+    spaces = [vnode("n1", asleep=True), vnode("n2", asleep=True), vnode("n3")]
+    ordered = waking_first(spaces, ["n2"])
+    assert [s.name for s in ordered] == ["n2", "n3", "n1"]      # the fit puts n3 first
+    out = starts([job("1.s", "2:ncpus=4")], ordered, [])
+    assert out == {"1.s": (None, ("n3", "n2"))}
+
+
+# -- from qstat ------------------------------------------------------------------
+
+def ctime(epoch):
+    return time.strftime(QSTAT_TIME_FORMAT, time.localtime(epoch))
+
+
+def test_walltimes_and_exec_vnode_amounts():
+    assert parse_duration("01:30:00") == 5400 and parse_duration("90") == 90
+    assert parse_duration("2:00") == 120 and parse_duration(None) is None
+    assert parse_duration("soon") is None and parse_duration(7.0) == 7.0
+    assert exec_amounts("(n1:ncpus=2:mem=1gb+n2:ncpus=1)+(n1:ncpus=2)") == (
+        ("n1", (("ncpus", 4.0), ("mem", float(2 ** 30)))), ("n2", (("ncpus", 1.0),)))
+
+
+def running(stime, walltime, exec_vnode, state="R"):
+    return {"job_state": state, "stime": ctime(stime), "exec_vnode": exec_vnode,
+            "Resource_List": {"walltime": walltime}}
+
+
+def test_running_jobs_release_at_start_plus_walltime():
+    doc = {"Jobs": {
+        "1.s": running(NOW - 600, "00:20:00", "(n1:ncpus=4)"),         # ends NOW+600
+        "2.s": running(NOW - 7200, "01:00:00", "(n2:ncpus=2)"),        # over: now
+        "3.s": running(NOW - 60, "10:00:00", "(n2:ncpus=2)"),          # n2's last
+        "4.s": running(NOW - 60, None, "(n3:ncpus=1)"),                # no walltime
+        "5.s": running(NOW - 60, "00:10:00", "(n3:ncpus=3)", "E"),     # exiting: now
+        "6.s": {"job_state": "Q"}}}
+    rel = running_releases(doc, NOW, parse_qstat_time, {"n1": "h1"})
+    assert [(r.job_id, r.at) for r in rel] in (
+        [("2.s", NOW), ("5.s", NOW), ("1.s", NOW + 600), ("3.s", NOW + 35940)],
+        [("5.s", NOW), ("2.s", NOW), ("1.s", NOW + 600), ("3.s", NOW + 35940)])
+    by_id = {r.job_id: r.vnodes for r in rel}
+    assert by_id["1.s"] == (("n1", "h1", (("ncpus", 4.0),), True),)
+    assert by_id["2.s"] == (("n2", "n2", (("ncpus", 2.0),), False),)   # 3.s stays on n2
+    assert by_id["3.s"][0][3] is True
+    assert by_id["5.s"][0][3] is False               # 4.s holds n3 for as long as we know
+
+
+def test_the_hook_gives_a_blocked_job_its_start_from_running_walltimes():
+    # n1 runs 1.s until NOW+600 (walltime); n2, n3 asleep. 2.s needs 3 whole
+    # vnodes: without a forecast it had no start at all (PBS gives none),
+    # so its sleeping vnodes were woken only once n1 was free, and it waited
+    # for their boot. Now it is known to start at NOW+600 on n1, n2 and n3.
+    spaces = [vnode_space("n1", "n1", False, {"ncpus": 4}, {"ncpus": 4}, True, 1),
+              vnode_space("n2", "n2", True, {"ncpus": 4}, {}, False, 1),
+              vnode_space("n3", "n3", True, {"ncpus": 4}, {}, False, 1)]
+    doc = {"Jobs": {"1.s": running(NOW - 600, "00:20:00", "(n1:ncpus=4)"),
+                    "2.s": {"job_state": "Q", "queue": "workq", "qtime": ctime(NOW - 100),
+                            "schedselect": "3:ncpus=4",
+                            "Resource_List": {"select": "3:ncpus=4", "walltime": "1:00:00"}}}}
+    out = queued_demand(doc, spaces, NOW, 60, DEFAULT_CHECKED, {}, parse_qstat_time,
+                        parse_exec_vnode, lambda level, msg: None)
+    assert [(j.id, j.estimated_start, j.vnodes) for j in out] == [
+        ("2.s", NOW + 600, ("n1", "n2", "n3"))]
+
+
+def test_start_is_a_plain_record():
+    assert Start("1.s", None, ("n1",)).start is None
+
+
+def test_vnodes_freed_by_running_jobs_are_counted_on_before_idle_ones():
+    # 10.s waits for n2 and n3 (NOW+600); free n1 is not named, so the hook
+    # may power it off meanwhile: n2 and n3 are up anyway when 10.s starts.
+    vnodes = [vnode("n1"), vnode("n2", ncpus=0, occupied=True),
+              vnode("n3", ncpus=0, occupied=True)]
+    out = starts([job("10.s", "2:ncpus=4", place="scatter")], vnodes,
+                 [freed(NOW + 600, "1.s", "n2", "n3")])
+    assert out == {"10.s": (NOW + 600, ("n2", "n3"))}
