@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import operator
 import random
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .nodes import (BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node, NodeModel,
                     watts_by_state)
@@ -34,6 +35,7 @@ from .workload import SimJob
 
 #: A node moving only between these states was up before and after.
 _JOB_STATES = frozenset({IDLE, BUSY})
+_index = operator.attrgetter("idx")
 END, BOOT_DONE, DOWN_DONE, CYCLE, TIMER = range(5)
 
 
@@ -63,6 +65,14 @@ class Engine(Scheduling):
         self._pool: List[int] = list(range(len(nodes)))   # heap of usable idle nodes
         self._in_pool = [True] * len(nodes)
         self.pool_size = len(nodes)
+        #: Node indexes per state, kept as states change: lets the calendar and
+        #: the power managers visit the few nodes that matter, not every node.
+        self.in_state: List[Set[int]] = [set() for _ in range(6)]
+        self.in_state[IDLE].update(range(len(nodes)))
+        self.failed_nodes: Set[int] = set()
+        #: The calendar's jobless nodes, each list in index order: free, coming up, asleep.
+        self._calendar_lists: Tuple[List[Node], List[Node], List[Node]] = (list(nodes), [], [])
+        self._calendar_of = [0] * len(nodes)
         self._down: List[int] = []                    # heap of powered-down nodes (slurm)
         self._in_down = [False] * len(nodes)
         self.down_free = 0
@@ -204,7 +214,43 @@ class Engine(Scheduling):
             self.power_version += 1
         self.count[node.state] -= 1
         self.count[state] += 1
+        self.in_state[node.state].discard(node.idx)
+        self.in_state[state].add(node.idx)
         node.state = state
+        self._recalendar(node)
+
+    def _recalendar(self, node: Node) -> None:
+        """Move ``node`` to the calendar list its state, mark, job and failure put it in."""
+        if node.failed or node.job is not None:
+            kind = -1
+        elif node.state == IDLE:
+            kind = 2 if node.marked else 0
+        elif node.state == BOOTING:
+            kind = 1
+        elif node.state in (DOWN, SHUTTING):
+            kind = 2
+        else:
+            kind = -1
+        was = self._calendar_of[node.idx]
+        if kind == was:
+            return
+        if was >= 0:
+            nodes = self._calendar_lists[was]
+            del nodes[bisect.bisect_left(nodes, node.idx, key=_index)]
+        if kind >= 0:
+            bisect.insort(self._calendar_lists[kind], node, key=_index)
+        self._calendar_of[node.idx] = kind
+
+    def nodes_except(self, states: Sequence[int], keep: Iterable[int] = ()) -> List[Node]:
+        """Nodes in none of ``states``, failed ones and those indexed in ``keep``,
+        in index order: a manager that passes over most nodes visits only these."""
+        chosen = set(keep)
+        chosen.update(self.failed_nodes)
+        for state, members in enumerate(self.in_state):
+            if state not in states:
+                chosen.update(members)
+        nodes = self.nodes
+        return [nodes[i] for i in sorted(chosen)]
 
     # -- jobs ----------------------------------------------------------------
     def _end_job(self, j: int, t: float) -> None:
@@ -256,6 +302,7 @@ class Engine(Scheduling):
         self.alloc[j] = tuple(n.idx for n in got)
         for node in got:
             node.job = j
+            self._recalendar(node)
         if not booting:
             self._run_job(j, t)
             return
@@ -368,6 +415,8 @@ class Engine(Scheduling):
             self.power_version += 1
             node.failed = True
             self.failed += 1
+            self.failed_nodes.add(node.idx)
+            self._recalendar(node)
             self._from_pool(node)
             if self._in_down[node.idx]:
                 self._in_down[node.idx] = False
@@ -379,6 +428,7 @@ class Engine(Scheduling):
         for idx in self.alloc[j]:
             node = self.nodes[idx]
             node.job = None
+            self._recalendar(node)
             if node.state == HELD:
                 self._set(node, IDLE)
                 node.idle_since = node.changed = t
@@ -404,6 +454,7 @@ class Engine(Scheduling):
         self.version += 1
         self.power_version += 1
         node.marked = asleep
+        self._recalendar(node)
         if asleep:
             self._from_pool(node)
         elif node.state == IDLE and node.job is None and not node.failed:

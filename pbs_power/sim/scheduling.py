@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 from typing import Iterable, List, Optional, Tuple
 
-from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
+from .nodes import BUSY, HELD, Node
 
 INF = float("inf")
 
@@ -242,16 +242,9 @@ class Scheduling:
         return max(at, t), freed[:width]
 
     def _calendar_pool(self) -> Tuple[List[Node], int]:
-        """Nodes without a job: free, then coming up, then asleep; and how many are free."""
-        free, coming, asleep = [], [], []
-        for node in self.nodes:
-            if node.failed or node.job is not None:
-                continue
-            s = node.state
-            if s == IDLE:
-                (asleep if node.marked else free).append(node)
-            elif s == BOOTING:
-                coming.append(node)
-            elif s in (DOWN, SHUTTING):
-                asleep.append(node)
+        """Nodes without a job: free, then coming up, then asleep; and how many are free.
+
+        Each list is kept in index order as nodes change (`Engine._recalendar`).
+        """
+        free, coming, asleep = self._calendar_lists
         return free + coming + asleep, len(free)

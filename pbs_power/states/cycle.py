@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import HookConfig
 from . import journal
-from .model import (Phase, Plan, PowerState, RampStep, Snapshot, Transition,
+from .model import (BootTimes, Phase, Plan, PowerState, RampStep, Snapshot, Transition,
                     TransitionKind, hosts_of)
 from .planner import FLEET, RAMP_WINDOW, needed_back, plan
 from .transitions import Outcome, apply_marks, reconcile
@@ -265,7 +265,7 @@ class Cycle:
                          % (t.host, kind.value, diag))
 
     # -- new transitions ---------------------------------------------------
-    def _boot_times(self) -> Dict[str, Dict[str, float]]:
+    def _boot_times(self) -> BootTimes:
         """The store's boot times, read once per run (until a duration is recorded)."""
         if self._boot_cache is None:
             self._boot_cache = boot_times(self.store)
@@ -329,11 +329,22 @@ class Cycle:
             self.log(level, message)
 
 
-def boot_times(store) -> Dict[str, Dict[str, float]]:
-    """The store's measured durations per host and kind, the fleet's under FLEET."""
-    estimates = dict(store.duration_estimates())
+def boot_times(store) -> BootTimes:
+    """The store's measured durations per host and kind, the fleet's under FLEET.
+
+    A store that keeps its longest estimate at hand (``longest_duration_estimate``,
+    the in-memory one of the simulator) spares a pass over every host.
+    """
+    estimates = BootTimes(store.duration_estimates())
     fleet = {k.value: store.fleet_duration_estimate(k) for k in TransitionKind}
     estimates[FLEET] = {k: v for k, v in fleet.items() if v is not None}
+    known = getattr(store, "longest_duration_estimate", None)
+    if known is None:
+        estimates.longest = max((secs for per in estimates.values() for secs in per.values()),
+                                default=None)
+    else:
+        found = [v for v in [known()] + list(estimates[FLEET].values()) if v is not None]
+        estimates.longest = max(found) if found else None
     return estimates
 
 

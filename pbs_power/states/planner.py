@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import time as _time
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 from pbs_power.config.hook_config import MODE_DISABLED, MODE_RAMP_RATE, HookConfig
-from .model import (FREE, SLEEP, Action, Deferral, Phase, Plan, Snapshot,
+from .model import (FREE, SLEEP, Action, BootTimes, Deferral, Phase, Plan, Snapshot,
                     TransitionKind, Vnode, hosts_of)
 
 _FREE_ONLY = frozenset({FREE})
@@ -90,6 +90,18 @@ class _Host:
         if len(times) < len(self.vnodes):
             return None
         return max(times)
+
+
+def longest_lead(cfg: HookConfig, boot_times: Mapping[str, Mapping[str, float]]) -> float:
+    """The longest boot or wake any host may take: the config's and every measured one."""
+    if isinstance(boot_times, BootTimes):
+        measured = boot_times.longest
+    else:
+        measured = max((secs for per_kind in boot_times.values() for secs in per_kind.values()),
+                       default=None)
+    if measured is None:
+        return max(cfg.node_boot_time, cfg.node_wake_time)
+    return max(cfg.node_boot_time, cfg.node_wake_time, measured)
 
 
 def lead_time(snap: Snapshot, cfg: HookConfig, host: str, kind: TransitionKind) -> float:
@@ -159,9 +171,7 @@ class _Context:
 
     def _horizon(self) -> float:
         """Work starting later than this cannot affect this cycle's decisions."""
-        longest = max([self.cfg.node_boot_time, self.cfg.node_wake_time]
-                      + [secs for per_kind in self.snap.boot_times.values()
-                         for secs in per_kind.values()])
+        longest = longest_lead(self.cfg, self.snap.boot_times)
         return (self.now + 2 * longest + self.cfg.min_node_down_delay
                 + 2 * self.cfg.cycle_interval)
 
@@ -387,4 +397,4 @@ def _clock(epoch: float) -> str:
     return _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(epoch))
 
 
-__all__ = ["plan", "needed_back", "lead_time", "Need"]
+__all__ = ["plan", "needed_back", "lead_time", "longest_lead", "Need"]
