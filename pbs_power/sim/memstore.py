@@ -14,7 +14,9 @@ import heapq
 from collections import deque
 from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
-from pbs_power.states.model import RampStep, Transition, TransitionKind
+from pbs_power.states.cycle import fleet_estimates
+from pbs_power.states.model import BootTimes, RampStep, Transition, TransitionKind
+from pbs_power.states.planner import FLEET
 from pbs_power.states.store import (DURATION_HISTORY, ESTIMATE_PERCENT, ESTIMATE_WINDOW,
                      FLEET_MIN_HOSTS, nearest_rank, nearest_rank_index)
 
@@ -34,7 +36,7 @@ class MemoryStore:
         #: (-estimate, host, kind) of every estimate ever made: a max-heap whose stale
         #: tops (an estimate since replaced) are dropped when the longest is asked.
         self._longest: List[Tuple[float, str, str]] = []
-        self._estimates_view: Optional[Dict[str, Dict[str, float]]] = None
+        self._boot_times: Optional[BootTimes] = None
 
     @contextlib.contextmanager
     def cycle_lock(self, name: str = "cycle") -> Iterator[bool]:
@@ -64,7 +66,7 @@ class MemoryStore:
         estimate = nearest_rank(list(history)[:ESTIMATE_WINDOW], ESTIMATE_PERCENT)
         # A new inner dict, never an update: earlier answers stay as they were.
         self._estimates[host] = dict(self._estimates.get(host, {}), **{kind_value: estimate})
-        self._estimates_view = None
+        self._boot_times = None
         heapq.heappush(self._longest, (-estimate, host, kind_value))
         if len(self._longest) > 4 * len(self._durations) + 64:
             self._longest = [(-v, h, k) for h, per in self._estimates.items()
@@ -75,14 +77,24 @@ class MemoryStore:
         return tuple(self._durations.get((host, TransitionKind(kind).value), ()))
 
     def duration_estimates(self, kind=None) -> Dict[str, Dict[str, float]]:
-        if kind is None:        # shared until the next record: read it, do not change it
-            if self._estimates_view is None:
-                self._estimates_view = dict(self._estimates)
-            return self._estimates_view
+        if kind is None:        # inner dicts are shared: read them, do not change them
+            return dict(self._estimates)
         value = TransitionKind(kind).value
         return {h: {value: v[value]} for h, v in self._estimates.items() if value in v}
 
-    def longest_duration_estimate(self) -> Optional[float]:
+    def boot_times(self) -> BootTimes:
+        """What `cycle.boot_times` makes of this store, kept until the next record
+        (shared: read it, do not change it)."""
+        if self._boot_times is None:
+            times = BootTimes(self._estimates)
+            times[FLEET] = fleet_estimates(self)
+            found = [v for v in [self._longest_estimate()] + list(times[FLEET].values())
+                     if v is not None]
+            times.longest = max(found) if found else None
+            self._boot_times = times
+        return self._boot_times
+
+    def _longest_estimate(self) -> Optional[float]:
         """The largest estimate of any host and kind (None before the first)."""
         heap, estimates = self._longest, self._estimates
         while heap and estimates[heap[0][1]].get(heap[0][2]) != -heap[0][0]:
@@ -92,7 +104,10 @@ class MemoryStore:
     def fleet_duration_estimate(self, kind) -> Optional[float]:
         """The nearest-rank percentile of every host's latest duration, as the
         store computes it (the sorted latest values are kept as they change)."""
-        latest = self._latest.get(TransitionKind(kind).value, ())
+        latest = self._latest.get(kind)     # a kind hashes and compares as its value
+        if latest is None:
+            TransitionKind(kind)                # refuses an unknown kind, as the store does
+            return None
         if len(latest) < FLEET_MIN_HOSTS:
             return None
         return latest[nearest_rank_index(len(latest), ESTIMATE_PERCENT)]

@@ -27,12 +27,12 @@ those it held back and why. The rules, in the words an admin would use:
 from __future__ import annotations
 
 import time as _time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 from pbs_power.config.hook_config import MODE_DISABLED, MODE_RAMP_RATE, HookConfig
 from .model import (FREE, SLEEP, Action, BootTimes, Deferral, Phase, Plan, Snapshot,
-                    TransitionKind, Vnode, hosts_of)
+                    TransitionKind, Vnode, evolve, hosts_of)
 
 _FREE_ONLY = frozenset({FREE})
 
@@ -123,7 +123,7 @@ def needed_back(snapshot: Snapshot, config: HookConfig, now: float,
     could go down, rest and be back: the rule that keeps an idle host up,
     applied once more as the power command is about to be sent."""
     wanted = set(hosts)
-    ctx = _Context(replace(snapshot, vnodes=tuple(v for v in snapshot.vnodes
+    ctx = _Context(evolve(snapshot, vnodes=tuple(v for v in snapshot.vnodes
                                                   if v.host in wanted)),
                    config, now, watch_all=True)
     return {h: need for h, need in ctx.needs.items() if need.at <= ctx.back_by(h)}
