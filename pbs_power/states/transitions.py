@@ -151,6 +151,9 @@ def apply_marks(snapshot: Snapshot, sleep: List[str], wake: List[str],
     sleep_s, wake_s, off_s = set(sleep), set(wake), set(offline)
     vnodes = []
     for v in snapshot.vnodes:
+        if v.states and v.host not in sleep_s and v.host not in wake_s and v.host not in off_s:
+            vnodes.append(v)        # unchanged: the many hosts no mark touches
+            continue
         states = set(v.states)
         if v.host in wake_s or v.host in off_s:
             states.discard(SLEEP)
