@@ -30,7 +30,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tupl
 
 from .nodes import (BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node, NodeModel,
                     watts_by_state)
-from .scheduling import INF, Scheduling
+from .scheduling import INF, Scheduling, calendar_kind
 from .workload import SimJob
 
 #: A node moving only between these states was up before and after.
@@ -65,14 +65,15 @@ class Engine(Scheduling):
         self._pool: List[int] = list(range(len(nodes)))   # heap of usable idle nodes
         self._in_pool = [True] * len(nodes)
         self.pool_size = len(nodes)
-        #: Node indexes per state, kept as states change: lets the calendar and
-        #: the power managers visit the few nodes that matter, not every node.
-        self.in_state: List[Set[int]] = [set() for _ in range(6)]
-        self.in_state[IDLE].update(range(len(nodes)))
+        #: Node indexes per state (`state_index`): made when first asked for, then kept
+        #: as states change, so a manager visits the few nodes that matter, not every
+        #: node; managers that never ask pay nothing.
+        self._in_state: Optional[List[Set[int]]] = None
         self.failed_nodes: Set[int] = set()
-        #: The calendar's jobless nodes, each list in index order: free, coming up, asleep.
-        self._calendar_lists: Tuple[List[Node], List[Node], List[Node]] = (list(nodes), [], [])
-        self._calendar_of = [0] * len(nodes)
+        #: The calendar's jobless nodes, each list in index order: free, coming up,
+        #: asleep; made when first asked for (`_calendar_pool`), then kept up to date.
+        self._calendar_lists: Optional[Tuple[List[Node], List[Node], List[Node]]] = None
+        self._calendar_of: List[int] = []
         self._down: List[int] = []                    # heap of powered-down nodes (slurm)
         self._in_down = [False] * len(nodes)
         self.down_free = 0
@@ -214,23 +215,26 @@ class Engine(Scheduling):
             self.power_version += 1
         self.count[node.state] -= 1
         self.count[state] += 1
-        self.in_state[node.state].discard(node.idx)
-        self.in_state[state].add(node.idx)
+        if self._in_state is not None:
+            self._in_state[node.state].discard(node.idx)
+            self._in_state[state].add(node.idx)
         node.state = state
-        self._recalendar(node)
+        if self._calendar_lists is not None:
+            self._recalendar(node)
+
+    def state_index(self) -> List[Set[int]]:
+        """The indexes of the nodes in each state (read them, do not change them)."""
+        if self._in_state is None:
+            self._in_state = [set() for _ in range(6)]
+            for node in self.nodes:
+                self._in_state[node.state].add(node.idx)
+        return self._in_state
 
     def _recalendar(self, node: Node) -> None:
         """Move ``node`` to the calendar list its state, mark, job and failure put it in."""
-        if node.failed or node.job is not None:
-            kind = -1
-        elif node.state == IDLE:
-            kind = 2 if node.marked else 0
-        elif node.state == BOOTING:
-            kind = 1
-        elif node.state in (DOWN, SHUTTING):
-            kind = 2
-        else:
-            kind = -1
+        if self._calendar_lists is None:
+            return
+        kind = calendar_kind(node)
         was = self._calendar_of[node.idx]
         if kind == was:
             return
@@ -246,7 +250,7 @@ class Engine(Scheduling):
         in index order: a manager that passes over most nodes visits only these."""
         chosen = set(keep)
         chosen.update(self.failed_nodes)
-        for state, members in enumerate(self.in_state):
+        for state, members in enumerate(self.state_index()):
             if state not in states:
                 chosen.update(members)
         nodes = self.nodes

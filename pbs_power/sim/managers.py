@@ -231,7 +231,7 @@ class PbsPower(Manager):
         any of a job's sleeping nodes could need (with the longest boot).
         """
         cfg, store, until = self.cfg, self.store, float("inf")
-        for node in map(self.engine.nodes.__getitem__, self.engine.in_state[IDLE]):
+        for node in map(self.engine.nodes.__getitem__, self.engine.state_index()[IDLE]):
             if (node.state == IDLE and not node.marked and node.job is None
                     and not node.failed and node.name not in cfg.excluded_hosts):
                 t = max(node.idle_since, node.changed) + cfg.node_idle_limit

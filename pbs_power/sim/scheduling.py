@@ -8,9 +8,24 @@ from __future__ import annotations
 import heapq
 from typing import Iterable, List, Optional, Tuple
 
-from .nodes import BUSY, HELD, Node
+from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 
 INF = float("inf")
+
+
+def calendar_kind(node: Node) -> int:
+    """Where the calendar counts ``node``: 0 free, 1 coming up, 2 asleep, -1 not at all
+    (it has a job, failed, or is busy)."""
+    if node.failed or node.job is not None:
+        return -1
+    state = node.state
+    if state == IDLE:
+        return 2 if node.marked else 0
+    if state == BOOTING:
+        return 1
+    if state in (DOWN, SHUTTING):
+        return 2
+    return -1
 
 
 class Scheduling:
@@ -244,7 +259,14 @@ class Scheduling:
     def _calendar_pool(self) -> Tuple[List[Node], int]:
         """Nodes without a job: free, then coming up, then asleep; and how many are free.
 
-        Each list is kept in index order as nodes change (`Engine._recalendar`).
+        Made by one pass over the nodes when first asked for, then each list is
+        kept in index order as nodes change (`Engine._recalendar`).
         """
+        if self._calendar_lists is None:
+            self._calendar_of = [calendar_kind(node) for node in self.nodes]
+            self._calendar_lists = ([], [], [])
+            for node, kind in zip(self.nodes, self._calendar_of):
+                if kind >= 0:
+                    self._calendar_lists[kind].append(node)
         free, coming, asleep = self._calendar_lists
         return free + coming + asleep, len(free)
