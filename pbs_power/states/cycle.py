@@ -116,9 +116,12 @@ class Cycle:
 
     def _forget_recovered(self, snapshot: Snapshot) -> None:
         """Hosts an admin brought back from offline are no longer failed."""
+        failed = self.store.failed()
+        if not failed:
+            return
         offline = {v.host for v in snapshot.vnodes if "offline" in v.states}
         known = {v.host for v in snapshot.vnodes}
-        for host in self.store.failed():
+        for host in failed:
             if host in known and host not in offline:
                 self.store.clear_failed(host)
                 self.log("info", "%s: back in service (offline cleared)" % host)
