@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import operator
 import random
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .nodes import (BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node, NodeModel,
                     watts_by_state)
-from .scheduling import INF, Scheduling, calendar_kind
+from .scheduling import INF, Scheduling
 from .workload import SimJob
 
 #: A node moving only between these states was up before and after.
 _JOB_STATES = frozenset({IDLE, BUSY})
-_index = operator.attrgetter("idx")
 END, BOOT_DONE, DOWN_DONE, CYCLE, TIMER = range(5)
 
 
@@ -74,6 +72,7 @@ class Engine(Scheduling):
         #: asleep; made when first asked for (`_calendar_pool`), then kept up to date.
         self._calendar_lists: Optional[Tuple[List[Node], List[Node], List[Node]]] = None
         self._calendar_of: List[int] = []
+        self._calendar_moved: Set[int] = set()
         self._down: List[int] = []                    # heap of powered-down nodes (slurm)
         self._in_down = [False] * len(nodes)
         self.down_free = 0
@@ -220,7 +219,7 @@ class Engine(Scheduling):
             self._in_state[state].add(node.idx)
         node.state = state
         if self._calendar_lists is not None:
-            self._recalendar(node)
+            self._calendar_moved.add(node.idx)
 
     def state_index(self) -> List[Set[int]]:
         """The indexes of the nodes in each state (read them, do not change them)."""
@@ -231,19 +230,10 @@ class Engine(Scheduling):
         return self._in_state
 
     def _recalendar(self, node: Node) -> None:
-        """Move ``node`` to the calendar list its state, mark, job and failure put it in."""
-        if self._calendar_lists is None:
-            return
-        kind = calendar_kind(node)
-        was = self._calendar_of[node.idx]
-        if kind == was:
-            return
-        if was >= 0:
-            nodes = self._calendar_lists[was]
-            del nodes[bisect.bisect_left(nodes, node.idx, key=_index)]
-        if kind >= 0:
-            bisect.insort(self._calendar_lists[kind], node, key=_index)
-        self._calendar_of[node.idx] = kind
+        """Note that ``node``'s place in the calendar may have changed (`_calendar_pool`
+        moves it when next asked)."""
+        if self._calendar_lists is not None:
+            self._calendar_moved.add(node.idx)
 
     def nodes_except(self, states: Sequence[int], keep: Iterable[int] = ()) -> List[Node]:
         """Nodes in none of ``states``, failed ones and those indexed in ``keep``,

@@ -5,12 +5,15 @@ counts (see ``engine.py`` for the two scheduler flavours, ``pbs`` and ``slurm``)
 """
 from __future__ import annotations
 
+import bisect
 import heapq
+import operator
 from typing import Iterable, List, Optional, Tuple
 
 from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 
 INF = float("inf")
+_INDEX = operator.attrgetter("idx")
 
 
 def calendar_kind(node: Node) -> int:
@@ -259,14 +262,40 @@ class Scheduling:
     def _calendar_pool(self) -> Tuple[List[Node], int]:
         """Nodes without a job: free, then coming up, then asleep; and how many are free.
 
-        Made by one pass over the nodes when first asked for, then each list is
-        kept in index order as nodes change (`Engine._recalendar`).
+        Each list is kept in index order: made by one pass over the nodes when
+        first asked for, later only the nodes that changed since are moved
+        (`Engine._recalendar`), unless so many changed that a pass costs less.
         """
-        if self._calendar_lists is None:
-            self._calendar_of = [calendar_kind(node) for node in self.nodes]
-            self._calendar_lists = ([], [], [])
-            for node, kind in zip(self.nodes, self._calendar_of):
+        moved = self._calendar_moved
+        if self._calendar_lists is None or len(moved) > len(self.nodes) // 16:
+            self._calendar_of = kinds = [-1] * len(self.nodes)
+            self._calendar_lists = lists = ([], [], [])
+            for node in self.nodes:           # calendar_kind, inlined: a pass visits all
+                if node.failed or node.job is not None:
+                    continue
+                state = node.state
+                if state == IDLE:
+                    kind = 2 if node.marked else 0
+                elif state == BOOTING:
+                    kind = 1
+                elif state == DOWN or state == SHUTTING:
+                    kind = 2
+                else:
+                    continue
+                kinds[node.idx] = kind
+                lists[kind].append(node)
+        else:
+            lists, kinds, nodes = self._calendar_lists, self._calendar_of, self.nodes
+            for idx in moved:
+                node = nodes[idx]
+                kind, was = calendar_kind(node), kinds[idx]
+                if kind == was:
+                    continue
+                if was >= 0:
+                    del lists[was][bisect.bisect_left(lists[was], idx, key=_INDEX)]
                 if kind >= 0:
-                    self._calendar_lists[kind].append(node)
+                    bisect.insort(lists[kind], node, key=_INDEX)
+                kinds[idx] = kind
+        moved.clear()
         free, coming, asleep = self._calendar_lists
         return free + coming + asleep, len(free)
