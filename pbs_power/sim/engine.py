@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import random
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from .nodes import (BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node, NodeModel,
                     watts_by_state)
@@ -63,6 +63,16 @@ class Engine(Scheduling):
         self._pool: List[int] = list(range(len(nodes)))   # heap of usable idle nodes
         self._in_pool = [True] * len(nodes)
         self.pool_size = len(nodes)
+        #: Node indexes per state (`state_index`): made when first asked for, then kept
+        #: as states change, so a manager visits the few nodes that matter, not every
+        #: node; managers that never ask pay nothing.
+        self._in_state: Optional[List[Set[int]]] = None
+        self.failed_nodes: Set[int] = set()
+        #: The calendar's jobless nodes, each list in index order: free, coming up,
+        #: asleep; made when first asked for (`_calendar_pool`), then kept up to date.
+        self._calendar_lists: Optional[Tuple[List[Node], List[Node], List[Node]]] = None
+        self._calendar_of: List[int] = []
+        self._calendar_moved: Set[int] = set()
         self._down: List[int] = []                    # heap of powered-down nodes (slurm)
         self._in_down = [False] * len(nodes)
         self.down_free = 0
@@ -204,7 +214,37 @@ class Engine(Scheduling):
             self.power_version += 1
         self.count[node.state] -= 1
         self.count[state] += 1
+        if self._in_state is not None:
+            self._in_state[node.state].discard(node.idx)
+            self._in_state[state].add(node.idx)
         node.state = state
+        if self._calendar_lists is not None:
+            self._calendar_moved.add(node.idx)
+
+    def state_index(self) -> List[Set[int]]:
+        """The indexes of the nodes in each state (read them, do not change them)."""
+        if self._in_state is None:
+            self._in_state = [set() for _ in range(6)]
+            for node in self.nodes:
+                self._in_state[node.state].add(node.idx)
+        return self._in_state
+
+    def _recalendar(self, node: Node) -> None:
+        """Note that ``node``'s place in the calendar may have changed (`_calendar_pool`
+        moves it when next asked)."""
+        if self._calendar_lists is not None:
+            self._calendar_moved.add(node.idx)
+
+    def nodes_except(self, states: Sequence[int], keep: Iterable[int] = ()) -> List[Node]:
+        """Nodes in none of ``states``, failed ones and those indexed in ``keep``,
+        in index order: a manager that passes over most nodes visits only these."""
+        chosen = set(keep)
+        chosen.update(self.failed_nodes)
+        for state, members in enumerate(self.state_index()):
+            if state not in states:
+                chosen.update(members)
+        nodes = self.nodes
+        return [nodes[i] for i in sorted(chosen)]
 
     # -- jobs ----------------------------------------------------------------
     def _end_job(self, j: int, t: float) -> None:
@@ -256,6 +296,7 @@ class Engine(Scheduling):
         self.alloc[j] = tuple(n.idx for n in got)
         for node in got:
             node.job = j
+            self._recalendar(node)
         if not booting:
             self._run_job(j, t)
             return
@@ -368,6 +409,8 @@ class Engine(Scheduling):
             self.power_version += 1
             node.failed = True
             self.failed += 1
+            self.failed_nodes.add(node.idx)
+            self._recalendar(node)
             self._from_pool(node)
             if self._in_down[node.idx]:
                 self._in_down[node.idx] = False
@@ -379,6 +422,7 @@ class Engine(Scheduling):
         for idx in self.alloc[j]:
             node = self.nodes[idx]
             node.job = None
+            self._recalendar(node)
             if node.state == HELD:
                 self._set(node, IDLE)
                 node.idle_since = node.changed = t
@@ -404,6 +448,7 @@ class Engine(Scheduling):
         self.version += 1
         self.power_version += 1
         node.marked = asleep
+        self._recalendar(node)
         if asleep:
             self._from_pool(node)
         elif node.state == IDLE and node.job is None and not node.failed:

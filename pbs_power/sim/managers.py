@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
 from pbs_power.states.cycle import Cycle, boot_times
+from pbs_power.states.planner import longest_lead
 from ..devices.base import HostPower, PowerBackend, Result
 from pbs_power.states.model import Phase, PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
 from .hook_view import HookView
@@ -240,7 +241,7 @@ class PbsPower(Manager):
         any of a job's sleeping nodes could need (with the longest boot).
         """
         cfg, store, until = self.cfg, self.store, float("inf")
-        for node in self.engine.nodes:
+        for node in map(self.engine.nodes.__getitem__, self.engine.state_index()[IDLE]):
             if (node.state == IDLE and not node.marked and node.job is None
                     and not node.failed and node.name not in cfg.excluded_hosts):
                 t = max(node.idle_since, node.changed) + cfg.node_idle_limit
@@ -249,8 +250,7 @@ class PbsPower(Manager):
         for since in store.down_since().values():
             if since + cfg.min_node_down_delay > now:
                 until = min(until, since + cfg.min_node_down_delay)
-        longest = max([cfg.node_boot_time, cfg.node_wake_time]
-                      + [secs for per in boot_times(store).values() for secs in per.values()])
+        longest = longest_lead(cfg, boot_times(store))
         horizon = 2 * longest + cfg.min_node_down_delay + 2 * cfg.cycle_interval
         for _j, start, nodes in self.queued(now):
             if start - horizon > now:
@@ -271,14 +271,15 @@ class PbsPower(Manager):
         estimates = self.queued(now)
         jobs = tuple(QueuedJob(self.engine.job_ids[j], start, tuple(n.name for n in nodes))
                      for j, start, nodes in estimates)
+        flying = [self.by_name[h].idx for h in in_flight]
         if not self.prune or self.cfg.min_idle_nodes:
-            vnodes = [self._vnode(n) for n in self.engine.nodes
+            vnodes = [self._vnode(n) for n in self.engine.nodes_except((BUSY, HELD), flying)
                       if n.state not in (BUSY, HELD) or n.name in in_flight]
             return Snapshot(tuple(vnodes), jobs)
         named = {n.idx for _j, _start, nodes in estimates for n in nodes}
         limit = self.cfg.node_idle_limit
         vnodes = []
-        for n in self.engine.nodes:
+        for n in self.engine.nodes_except((BUSY, HELD, DOWN), named.union(flying)):
             if n.name not in in_flight and not n.failed:
                 state = n.state
                 if state in (BUSY, HELD) or (state == DOWN and n.idx not in named):

@@ -8,13 +8,17 @@ grants it.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
+import heapq
 from collections import deque
-from typing import Deque, Dict, Iterator, Optional, Tuple
+from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
-from pbs_power.states.model import RampStep, Transition, TransitionKind
+from pbs_power.states.cycle import fleet_estimates
+from pbs_power.states.model import BootTimes, RampStep, Transition, TransitionKind
+from pbs_power.states.planner import FLEET
 from pbs_power.states.store import (DURATION_HISTORY, ESTIMATE_PERCENT, ESTIMATE_WINDOW,
-                     FLEET_MIN_HOSTS, nearest_rank)
+                     FLEET_MIN_HOSTS, nearest_rank, nearest_rank_index)
 
 
 class MemoryStore:
@@ -27,7 +31,12 @@ class MemoryStore:
         self._down_since: Dict[str, float] = {}
         self._steps: Deque[RampStep] = deque()
         self._failed: Dict[str, Tuple[str, float]] = {}
-        self._fleet: Dict[str, Optional[float]] = {}
+        #: Per kind, every host's latest duration, sorted: the fleet estimate is a rank in it.
+        self._latest: Dict[str, List[float]] = {}
+        #: (-estimate, host, kind) of every estimate ever made: a max-heap whose stale
+        #: tops (an estimate since replaced) are dropped when the longest is asked.
+        self._longest: List[Tuple[float, str, str]] = []
+        self._boot_times: Optional[BootTimes] = None
 
     @contextlib.contextmanager
     def cycle_lock(self, name: str = "cycle") -> Iterator[bool]:
@@ -49,11 +58,20 @@ class MemoryStore:
         kind_value = TransitionKind(kind).value
         history = self._durations.setdefault((host, kind_value),
                                              deque(maxlen=DURATION_HISTORY))
+        latest = self._latest.setdefault(kind_value, [])
+        if history:
+            del latest[bisect.bisect_left(latest, history[0])]
         history.appendleft(float(seconds))
-        self._fleet.pop(kind_value, None)
+        bisect.insort(latest, history[0])
+        estimate = nearest_rank(list(history)[:ESTIMATE_WINDOW], ESTIMATE_PERCENT)
         # A new inner dict, never an update: earlier answers stay as they were.
-        self._estimates[host] = dict(self._estimates.get(host, {}), **{kind_value: nearest_rank(
-            list(history)[:ESTIMATE_WINDOW], ESTIMATE_PERCENT)})
+        self._estimates[host] = dict(self._estimates.get(host, {}), **{kind_value: estimate})
+        self._boot_times = None
+        heapq.heappush(self._longest, (-estimate, host, kind_value))
+        if len(self._longest) > 4 * len(self._durations) + 64:
+            self._longest = [(-v, h, k) for h, per in self._estimates.items()
+                             for k, v in per.items()]
+            heapq.heapify(self._longest)
 
     def durations(self, host: str, kind) -> Tuple[float, ...]:
         return tuple(self._durations.get((host, TransitionKind(kind).value), ()))
@@ -64,13 +82,35 @@ class MemoryStore:
         value = TransitionKind(kind).value
         return {h: {value: v[value]} for h, v in self._estimates.items() if value in v}
 
+    def boot_times(self) -> BootTimes:
+        """What `cycle.boot_times` makes of this store, kept until the next record
+        (shared: read it, do not change it)."""
+        if self._boot_times is None:
+            times = BootTimes(self._estimates)
+            times[FLEET] = fleet_estimates(self)
+            found = [v for v in [self._longest_estimate()] + list(times[FLEET].values())
+                     if v is not None]
+            times.longest = max(found) if found else None
+            self._boot_times = times
+        return self._boot_times
+
+    def _longest_estimate(self) -> Optional[float]:
+        """The largest estimate of any host and kind (None before the first)."""
+        heap, estimates = self._longest, self._estimates
+        while heap and estimates[heap[0][1]].get(heap[0][2]) != -heap[0][0]:
+            heapq.heappop(heap)
+        return -heap[0][0] if heap else None
+
     def fleet_duration_estimate(self, kind) -> Optional[float]:
-        value = TransitionKind(kind).value
-        if value not in self._fleet:
-            latest = [d[0] for (h, k), d in self._durations.items() if k == value and d]
-            self._fleet[value] = (nearest_rank(latest, ESTIMATE_PERCENT)
-                                  if len(latest) >= FLEET_MIN_HOSTS else None)
-        return self._fleet[value]
+        """The nearest-rank percentile of every host's latest duration, as the
+        store computes it (the sorted latest values are kept as they change)."""
+        latest = self._latest.get(kind)     # a kind hashes and compares as its value
+        if latest is None:
+            TransitionKind(kind)                # refuses an unknown kind, as the store does
+            return None
+        if len(latest) < FLEET_MIN_HOSTS:
+            return None
+        return latest[nearest_rank_index(len(latest), ESTIMATE_PERCENT)]
 
     def set_down_since(self, host: str, since: Optional[float]) -> None:
         if since is None:

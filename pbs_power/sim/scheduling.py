@@ -5,12 +5,30 @@ counts (see ``engine.py`` for the two scheduler flavours, ``pbs`` and ``slurm``)
 """
 from __future__ import annotations
 
+import bisect
 import heapq
+import operator
 from typing import Iterable, List, Optional, Tuple
 
 from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 
 INF = float("inf")
+_INDEX = operator.attrgetter("idx")
+
+
+def calendar_kind(node: Node) -> int:
+    """Where the calendar counts ``node``: 0 free, 1 coming up, 2 asleep, -1 not at all
+    (it has a job, failed, or is busy)."""
+    if node.failed or node.job is not None:
+        return -1
+    state = node.state
+    if state == IDLE:
+        return 2 if node.marked else 0
+    if state == BOOTING:
+        return 1
+    if state in (DOWN, SHUTTING):
+        return 2
+    return -1
 
 
 class Scheduling:
@@ -242,16 +260,42 @@ class Scheduling:
         return max(at, t), freed[:width]
 
     def _calendar_pool(self) -> Tuple[List[Node], int]:
-        """Nodes without a job: free, then coming up, then asleep; and how many are free."""
-        free, coming, asleep = [], [], []
-        for node in self.nodes:
-            if node.failed or node.job is not None:
-                continue
-            s = node.state
-            if s == IDLE:
-                (asleep if node.marked else free).append(node)
-            elif s == BOOTING:
-                coming.append(node)
-            elif s in (DOWN, SHUTTING):
-                asleep.append(node)
+        """Nodes without a job: free, then coming up, then asleep; and how many are free.
+
+        Each list is kept in index order: made by one pass over the nodes when
+        first asked for, later only the nodes that changed since are moved
+        (`Engine._recalendar`), unless so many changed that a pass costs less.
+        """
+        moved = self._calendar_moved
+        if self._calendar_lists is None or len(moved) > len(self.nodes) // 16:
+            self._calendar_of = kinds = [-1] * len(self.nodes)
+            self._calendar_lists = lists = ([], [], [])
+            for node in self.nodes:           # calendar_kind, inlined: a pass visits all
+                if node.failed or node.job is not None:
+                    continue
+                state = node.state
+                if state == IDLE:
+                    kind = 2 if node.marked else 0
+                elif state == BOOTING:
+                    kind = 1
+                elif state == DOWN or state == SHUTTING:
+                    kind = 2
+                else:
+                    continue
+                kinds[node.idx] = kind
+                lists[kind].append(node)
+        else:
+            lists, kinds, nodes = self._calendar_lists, self._calendar_of, self.nodes
+            for idx in moved:
+                node = nodes[idx]
+                kind, was = calendar_kind(node), kinds[idx]
+                if kind == was:
+                    continue
+                if was >= 0:
+                    del lists[was][bisect.bisect_left(lists[was], idx, key=_INDEX)]
+                if kind >= 0:
+                    bisect.insort(lists[kind], node, key=_INDEX)
+                kinds[idx] = kind
+        moved.clear()
+        free, coming, asleep = self._calendar_lists
         return free + coming + asleep, len(free)

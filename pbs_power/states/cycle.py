@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import HookConfig
 from . import journal
-from .model import (Phase, Plan, PowerState, RampStep, Snapshot, Transition,
-                    TransitionKind, hosts_of)
+from .model import (BootTimes, Phase, Plan, PowerState, RampStep, Snapshot, Transition,
+                    TransitionKind, evolve, hosts_of)
 from .planner import FLEET, RAMP_WINDOW, needed_back, plan
 from .transitions import Outcome, apply_marks, reconcile
 
@@ -27,6 +27,8 @@ LogFn = Callable[[str, str], None]
 COMMENT_PREFIX = "pbs_power: "
 #: Hosts per kind of hold-back that get a debug line of their own each cycle.
 DEBUG_HOSTS_PER_GROUP = 20
+#: Every transition kind with its value (asked for every run).
+_KIND_VALUES = tuple((kind, kind.value) for kind in TransitionKind)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class Cycle:
         self._boot_cache = None
         for warning in self.config.warnings:
             self.log("debug", "config: " + warning)
-        snapshot = replace(snapshot, transitions=self.store.transitions())
+        snapshot = evolve(snapshot, transitions=self.store.transitions())
         self._forget_recovered(snapshot)
         self._advance(snapshot, now, report)
         if self.check_down_hosts:
@@ -114,9 +116,12 @@ class Cycle:
 
     def _forget_recovered(self, snapshot: Snapshot) -> None:
         """Hosts an admin brought back from offline are no longer failed."""
+        failed = self.store.failed()
+        if not failed:
+            return
         offline = {v.host for v in snapshot.vnodes if "offline" in v.states}
         known = {v.host for v in snapshot.vnodes}
-        for host in self.store.failed():
+        for host in failed:
             if host in known and host not in offline:
                 self.store.clear_failed(host)
                 self.log("info", "%s: back in service (offline cleared)" % host)
@@ -199,7 +204,7 @@ class Cycle:
         """
         if not ready:
             return []
-        snap = replace(snapshot, boot_times=self._boot_times())
+        snap = evolve(snapshot, boot_times=self._boot_times())
         needed = needed_back(snap, self.config, now, [o.transition.host for o in ready])
         for o in ready:
             need = needed.get(o.transition.host)
@@ -265,7 +270,7 @@ class Cycle:
                          % (t.host, kind.value, diag))
 
     # -- new transitions ---------------------------------------------------
-    def _boot_times(self) -> Dict[str, Dict[str, float]]:
+    def _boot_times(self) -> BootTimes:
         """The store's boot times, read once per run (until a duration is recorded)."""
         if self._boot_cache is None:
             self._boot_cache = boot_times(self.store)
@@ -275,7 +280,7 @@ class Cycle:
                       now: float) -> Snapshot:
         offline = [m.host for m in report.marks if m.offline]
         snapshot = apply_marks(snapshot, report.marked(True), report.marked(False), offline)
-        return replace(snapshot, transitions=self.store.transitions(),
+        return evolve(snapshot, transitions=self.store.transitions(),
                        boot_times=self._boot_times(), down_since=self.store.down_since(),
                        recent_steps=self.store.recent_steps(now - RAMP_WINDOW))
 
@@ -329,12 +334,26 @@ class Cycle:
             self.log(level, message)
 
 
-def boot_times(store) -> Dict[str, Dict[str, float]]:
-    """The store's measured durations per host and kind, the fleet's under FLEET."""
-    estimates = dict(store.duration_estimates())
-    fleet = {k.value: store.fleet_duration_estimate(k) for k in TransitionKind}
-    estimates[FLEET] = {k: v for k, v in fleet.items() if v is not None}
-    return estimates
+def boot_times(store) -> BootTimes:
+    """The store's measured durations per host and kind, the fleet's under FLEET.
+
+    A store that keeps them between records (``boot_times()``: the simulator's
+    in-memory one, asked every cycle of a replay) answers itself.
+    """
+    own = getattr(store, "boot_times", None)
+    if own is not None:
+        return own()
+    times = BootTimes(store.duration_estimates())
+    times[FLEET] = fleet_estimates(store)
+    times.longest = max((secs for per in times.values() for secs in per.values()),
+                        default=None)
+    return times
+
+
+def fleet_estimates(store) -> Dict[str, float]:
+    """The store's fleet-wide estimate per transition kind, for kinds that have one."""
+    fleet = {value: store.fleet_duration_estimate(kind) for kind, value in _KIND_VALUES}
+    return {k: v for k, v in fleet.items() if v is not None}
 
 
 def deferral_lines(the_plan: Plan) -> List[Tuple[str, str]]:

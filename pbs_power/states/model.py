@@ -149,6 +149,18 @@ class RampStep:
     watts: float            # positive: power goes up; negative: down
 
 
+class BootTimes(dict):
+    """``Snapshot.boot_times`` that also knows its longest seconds.
+
+    The planner asks for the longest boot every cycle; on a fleet of
+    thousands of hosts finding it anew each time costs more than the rest
+    of a quiet cycle. Built by `cycle.boot_times`; read it, do not change it.
+    """
+
+    #: The longest seconds of any host and kind here; None when there are none.
+    longest: Optional[float] = None
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything the planner may know about the cluster at one instant."""

@@ -26,15 +26,19 @@ those it held back and why. The rules, in the words an admin would use:
 """
 from __future__ import annotations
 
+import functools
+import operator
 import time as _time
-from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 from pbs_power.config.hook_config import MODE_DISABLED, MODE_RAMP_RATE, HookConfig
-from .model import (FREE, SLEEP, Action, Deferral, Phase, Plan, Snapshot,
-                    TransitionKind, Vnode, hosts_of)
+from .model import (FREE, SLEEP, Action, BootTimes, Deferral, Phase, Plan, Snapshot,
+                    TransitionKind, Vnode, evolve, hosts_of)
 
 _FREE_ONLY = frozenset({FREE})
+_NO_TIMES: Mapping[str, float] = {}
+_BY_TIME_AND_HOST = operator.itemgetter(0, 1)
 
 #: Seconds over which ``max_ramp_watts_per_minute`` is measured.
 RAMP_WINDOW = 60.0
@@ -92,6 +96,18 @@ class _Host:
         return max(times)
 
 
+def longest_lead(cfg: HookConfig, boot_times: Mapping[str, Mapping[str, float]]) -> float:
+    """The longest boot or wake any host may take: the config's and every measured one."""
+    if isinstance(boot_times, BootTimes):
+        measured = boot_times.longest
+    else:
+        measured = max((secs for per_kind in boot_times.values() for secs in per_kind.values()),
+                       default=None)
+    if measured is None:
+        return max(cfg.node_boot_time, cfg.node_wake_time)
+    return max(cfg.node_boot_time, cfg.node_wake_time, measured)
+
+
 def lead_time(snap: Snapshot, cfg: HookConfig, host: str, kind: TransitionKind) -> float:
     """Seconds ``host`` takes to complete ``kind``: measured, fleet, default."""
     for key in (host, FLEET):
@@ -111,7 +127,7 @@ def needed_back(snapshot: Snapshot, config: HookConfig, now: float,
     could go down, rest and be back: the rule that keeps an idle host up,
     applied once more as the power command is about to be sent."""
     wanted = set(hosts)
-    ctx = _Context(replace(snapshot, vnodes=tuple(v for v in snapshot.vnodes
+    ctx = _Context(evolve(snapshot, vnodes=tuple(v for v in snapshot.vnodes
                                                   if v.host in wanted)),
                    config, now, watch_all=True)
     return {h: need for h, need in ctx.needs.items() if need.at <= ctx.back_by(h)}
@@ -141,6 +157,7 @@ class _Context:
         self.up_kind = (TransitionKind.WAKE if config.mode == MODE_RAMP_RATE
                         else TransitionKind.POWER_ON)
         self.down_kind = self.up_kind.reverse
+        self._fallback: Dict[TransitionKind, float] = {}
         self.needs = self._needs()
         # A host its backend already reports on (BOOTING: waiting for the
         # scheduler to see it) no longer draws a power step; it holds no slot.
@@ -149,8 +166,15 @@ class _Context:
 
     # -- estimates ---------------------------------------------------------
     def lead_time(self, host: str, kind: TransitionKind) -> float:
-        """Seconds ``host`` takes to complete ``kind``: measured, fleet, default."""
-        return lead_time(self.snap, self.cfg, host, kind)
+        """Seconds ``host`` takes to complete ``kind``: measured, fleet, default
+        (`lead_time`, with the fleet-or-default answer worked out once per kind)."""
+        measured = self.snap.boot_times.get(host, _NO_TIMES).get(kind)
+        if measured is not None:
+            return float(measured)
+        fallback = self._fallback.get(kind)
+        if fallback is None:
+            fallback = self._fallback[kind] = lead_time(self.snap, self.cfg, FLEET, kind)
+        return fallback
 
     def back_by(self, host: str) -> float:
         """When ``host`` could be up again if it went down now and rested."""
@@ -159,9 +183,7 @@ class _Context:
 
     def _horizon(self) -> float:
         """Work starting later than this cannot affect this cycle's decisions."""
-        longest = max([self.cfg.node_boot_time, self.cfg.node_wake_time]
-                      + [secs for per_kind in self.snap.boot_times.values()
-                         for secs in per_kind.values()])
+        longest = longest_lead(self.cfg, self.snap.boot_times)
         return (self.now + 2 * longest + self.cfg.min_node_down_delay
                 + 2 * self.cfg.cycle_interval)
 
@@ -198,30 +220,31 @@ class _Context:
     # -- coming up ---------------------------------------------------------
     def wanted_wakes(self) -> Tuple[List[Action], List[Deferral]]:
         """Sleeping hosts to bring up, most urgent first."""
-        wakes: List[Tuple[float, Action]] = []
+        wakes: List[Tuple[float, str, Action]] = []
         deferred: List[Deferral] = []
+        up_kind, in_flight, needs = self.up_kind, self.in_flight, self.needs
+        soon = self.now + self.cfg.cycle_interval
         for name, host in self.hosts.items():
-            if not host.asleep or name in self.in_flight:
+            if not host.asleep or name in in_flight:
                 continue
-            need = self.needs.get(name)
+            need = needs.get(name)
             if need is None:
                 continue
-            lead = self.lead_time(name, self.up_kind)
+            lead = self.lead_time(name, up_kind)
             # A host that is up takes work only once a later cycle hands it
             # back (clears its sleep mark): up to one cycle after its boot.
             latest = need.at - lead - self.cfg.cycle_interval
-            if latest > self.now + self.cfg.cycle_interval:
+            if latest > soon:
                 continue                      # the next cycle is early enough
             held = self._resting(name, need.at, lead)
             if held:
-                deferred.append(Deferral(name, self.up_kind, held))
+                deferred.append(Deferral(name, up_kind, held))
                 continue
             reason = "%s needs it at %s; boot takes ~%ds" % (
                 need.what, _clock(need.at), lead)
-            wakes.append((latest, Action(name, self.up_kind, reason,
-                                         need_by=need.at)))
-        wakes.sort(key=lambda item: (item[0], item[1].host))
-        return [a for _, a in wakes] + self._warm_pool_wakes(deferred), deferred
+            wakes.append((latest, name, Action(name, up_kind, reason, need_by=need.at)))
+        wakes.sort(key=_BY_TIME_AND_HOST)
+        return [a for _, _, a in wakes] + self._warm_pool_wakes(deferred), deferred
 
     def _resting(self, host: str, need_at: Optional[float], lead: float) -> str:
         """Why ``host`` must stay down for ``min_node_down_delay``, or ''."""
@@ -386,7 +409,15 @@ class _RampBudget:
 
 
 def _clock(epoch: float) -> str:
+    """Local time for a reason or a note."""
+    return _local_clock(epoch, _time.tzname, _time.timezone)
+
+
+@functools.lru_cache(maxsize=1024)
+def _local_clock(epoch: float, _zone: Tuple[str, str], _offset: int) -> str:
+    """`_clock`, remembered per time zone: a large cluster's many wakes for one
+    job give the same moment again and again."""
     return _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(epoch))
 
 
-__all__ = ["plan", "needed_back", "lead_time", "Need"]
+__all__ = ["plan", "needed_back", "lead_time", "longest_lead", "Need"]

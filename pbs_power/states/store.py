@@ -65,8 +65,12 @@ def nearest_rank(values: Sequence[float], percent: int) -> float:
     if not values:
         raise ValueError("nearest_rank() needs at least one value")
     ordered = sorted(values)
-    rank = max(1, (percent * len(ordered) + 99) // 100)  # ceil without floats
-    return ordered[rank - 1]
+    return ordered[nearest_rank_index(len(ordered), percent)]
+
+
+def nearest_rank_index(count: int, percent: int) -> int:
+    """Where the ``percent``-th percentile sits in ``count`` sorted values."""
+    return max(1, (percent * count + 99) // 100) - 1  # ceil without floats
 
 
 class Store:

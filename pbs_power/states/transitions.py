@@ -16,12 +16,12 @@ A transition that overruns ``boot_timeout`` (up) or ``shutdown_timeout``
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import HookConfig
 from .model import (FREE, SLEEP, Phase, PowerState, Snapshot, Transition,
-                    TransitionKind, Vnode, hosts_of)
+                    TransitionKind, Vnode, evolve, hosts_of)
 
 #: Cycles a drain may wait for the scheduler to show the sleep mark.
 DRAIN_PATIENCE_CYCLES = 3
@@ -151,6 +151,9 @@ def apply_marks(snapshot: Snapshot, sleep: List[str], wake: List[str],
     sleep_s, wake_s, off_s = set(sleep), set(wake), set(offline)
     vnodes = []
     for v in snapshot.vnodes:
+        if v.states and v.host not in sleep_s and v.host not in wake_s and v.host not in off_s:
+            vnodes.append(v)        # unchanged: the many hosts no mark touches
+            continue
         states = set(v.states)
         if v.host in wake_s or v.host in off_s:
             states.discard(SLEEP)
@@ -163,4 +166,4 @@ def apply_marks(snapshot: Snapshot, sleep: List[str], wake: List[str],
             states.add(FREE)
         vnodes.append(Vnode(v.name, v.host, frozenset(states), v.poweroff_eligible,
                             v.last_used_time, v.last_state_change_time, v.jobs, v.resvs))
-    return replace(snapshot, vnodes=tuple(vnodes))
+    return evolve(snapshot, vnodes=tuple(vnodes))
