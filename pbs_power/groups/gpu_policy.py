@@ -6,7 +6,7 @@ applies to it again.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from .policy import PolicyError, PowerLimit, _object, parse_power_limit
 

@@ -8,8 +8,6 @@ signals blocked).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
