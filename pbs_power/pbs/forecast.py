@@ -16,9 +16,10 @@ as available at every time: they are what the hook may wake.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
-from .placement import DEFAULT_CHECKED, MAX_INSTANCES, JobRequest, VnodeSpace, Room
+from .placement import (DEFAULT_CHECKED, MAX_INSTANCES, JobRequest, Room, VnodeSpace,
+                        parse_amount)
 
 #: One vnode a running job frees: (vnode, host, ((resource, amount), ...), last),
 #: ``last`` when no running job holds the vnode after this one ends.
@@ -51,6 +52,15 @@ def forecast_starts(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
     left out (the next cycles place them)."""
     if not jobs:
         return ()
+    if _unit_amount(jobs, vnodes, releases, checked) is not None:
+        return _unit_starts(jobs, vnodes, releases, now)
+    return _general_starts(jobs, vnodes, releases, now, checked)
+
+
+def _general_starts(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
+                    releases: Sequence[Release], now: float,
+                    checked: FrozenSet[str]) -> Tuple[Start, ...]:
+    """`forecast_starts` for any resources, sharing and arrangement."""
     room = Room(vnodes, checked)
     ordered = sorted(releases, key=lambda r: r.at)
     out: List[Start] = []
@@ -120,6 +130,141 @@ def _shadow(room: Room, releases: Sequence[Release], job: JobRequest, now: float
         plan = later.arrange(job)
         if plan is not None:
             return max(rel.at, now), later, tuple(later.commit(job, plan))
+    return None
+
+
+# -- whole identical vnodes --------------------------------------------------------
+#: Vnode ``sharing`` values under which a job that asks for nothing exclusive shares.
+_SHARED_VNODES = frozenset({"", "default_shared", "force_shared", "ignore_excl"})
+
+
+def _unit_amount(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
+                 releases: Sequence[Release], checked: FrozenSet[str]) -> Optional[float]:
+    """The whole number of ncpus that every vnode has free and every chunk asks
+    for, when ncpus is all that the fit compares and nothing is exclusive
+    (None otherwise). Then a chunk fills one vnode, and a job of N chunks
+    takes the first N vnodes that the general fit would offer."""
+    if "ncpus" not in checked:
+        return None
+    units = set()
+    names = set()
+    for v in vnodes:
+        if v.sharing not in _SHARED_VNODES or v.name in names:
+            return None
+        units.add(_whole(v.free.get("ncpus")))
+        names.add(v.name)
+    for rel in releases:
+        for name, _host, amounts, _last in rel.vnodes:
+            if name in names or len(amounts) != 1 or amounts[0][0] != "ncpus":
+                return None
+            units.add(_whole(amounts[0][1]))
+            names.add(name)
+    for job in jobs:
+        if job.arrangement != "free" or job.sharing not in ("", "shared") or job.instances != 1:
+            return None
+        for chunk in job.chunks:
+            asked = [value for name, value in chunk.resources if name in checked]
+            if len(asked) != 1 or not any(n == "ncpus" for n, _ in chunk.resources):
+                return None
+            units.add(_whole(asked[0]))
+    if len(units) != 1:
+        return None
+    unit = units.pop()
+    return unit if unit is not None and unit > 0 else None
+
+
+def _whole(value) -> Optional[float]:
+    """A whole number of ncpus (sums of them are exact in floats), else None."""
+    amount = None if isinstance(value, bool) else parse_amount(value)
+    if amount is None or amount != int(amount) or amount > 2 ** 40:
+        return None
+    return amount
+
+
+class _Line:
+    """Vnodes in the fit's order, taken from the front; ``held`` ones skipped on request."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = list(names)
+        self.taken: set = set()
+        self.left = len(self.names)
+        self._head = 0
+
+    def first(self, count: int, skip: FrozenSet[str] = frozenset()) -> Tuple[str, ...]:
+        """The first ``count`` vnodes not taken and not in ``skip`` (fewer if short)."""
+        out: List[str] = []
+        names, taken = self.names, self.taken
+        i = self._head
+        while i < len(names) and taken and names[i] in taken:
+            i += 1
+        self._head = i
+        while i < len(names) and len(out) < count:
+            name = names[i]
+            if name not in taken and name not in skip:
+                out.append(name)
+            i += 1
+        return tuple(out)
+
+    def take(self, names: Iterable[str]) -> None:
+        for name in names:
+            self.taken.add(name)
+        self.left = len(self.names) - len(self.taken)
+
+
+def _unit_starts(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
+                 releases: Sequence[Release], now: float) -> Tuple[Start, ...]:
+    """`forecast_starts` when every chunk fills one vnode: the same answer,
+    found by counting vnodes instead of fitting resources."""
+    line = _Line([v.name for v in vnodes if not v.asleep] + [v.name for v in vnodes if v.asleep])
+    ordered = sorted(releases, key=lambda r: r.at)
+    out: List[Start] = []
+    shadow: Optional[float] = None
+    held: FrozenSet[str] = frozenset()        # the top blocked job's vnodes free now
+    held_left = 0                             # of those, how many no job took since
+    for job in jobs:
+        width = sum(chunk.count for chunk in job.chunks)
+        if shadow is None:
+            if width <= line.left:
+                names = line.first(width)
+                line.take(names)
+                out.append(Start(job.id, None, names))
+                continue
+            found = _unit_shadow(line, ordered, width, now)
+            if found is None:
+                continue
+            shadow, taken, held = found
+            out.append(Start(job.id, shadow, taken))
+            held_left = len(held)
+            continue
+        if not line.left:
+            break
+        if job.walltime is not None and now + job.walltime <= shadow:
+            if width > line.left:
+                continue
+            names = line.first(width)          # ends before the top job starts
+        else:
+            if width > line.left - held_left:
+                continue
+            names = line.first(width, held)    # leaves the top job's vnodes alone
+        held_left -= sum(1 for n in names if n in held)
+        line.take(names)
+        out.append(Start(job.id, None, names))
+    return tuple(out)
+
+
+def _unit_shadow(line: _Line, releases: Sequence[Release], width: int, now: float
+                 ) -> Optional[Tuple[float, Tuple[str, ...], FrozenSet[str]]]:
+    """The first release after which ``width`` vnodes are free; the vnodes the
+    job would take then (released ones first, in release order) and those of
+    them that are free now."""
+    freed: List[str] = []
+    for i, rel in enumerate(releases):
+        freed.extend(name for name, _host, _amounts, _last in rel.vnodes)
+        if i + 1 < len(releases) and releases[i + 1].at <= rel.at:
+            continue
+        if len(freed) + line.left >= width:
+            now_free = line.first(width - min(width, len(freed)))
+            return max(rel.at, now), tuple(freed[:width]) + now_free, frozenset(now_free)
     return None
 
 

@@ -168,3 +168,62 @@ def test_vnodes_freed_by_running_jobs_are_counted_on_before_idle_ones():
     out = starts([job("10.s", "2:ncpus=4", place="scatter")], vnodes,
                  [freed(NOW + 600, "1.s", "n2", "n3")])
     assert out == {"10.s": (NOW + 600, ("n2", "n3"))}
+
+
+# -- whole identical vnodes: counting gives the general fit's answer ---------------
+def _unit_case(rng):
+    """Random vnodes of one ncpus size, running jobs and whole-vnode jobs."""
+    from pbs_power.pbs.placement import Chunk, VnodeSpace
+    size = rng.choice([1, 2, 128])
+    count = rng.randint(0, 30)
+    vnodes = [VnodeSpace("v%03d" % i, "h%03d" % (i // rng.choice([1, 2])), rng.random() < 0.4,
+                         {"ncpus": float(size), "mem": "8gb"}) for i in range(count)]
+    rng.shuffle(vnodes)
+    releases, used = [], 0
+    for r in range(rng.randint(0, 8)):
+        width = rng.randint(1, 6)
+        names = ["b%03d" % (used + k) for k in range(width)]
+        used += width
+        at = NOW + rng.choice([-50, 0, 100, 100, 600, 3600, 7200])
+        releases.append(Release(at, "r%d.s" % r, tuple(
+            (n, n, (("ncpus", float(size)),), True) for n in names)))
+    jobs = []
+    for k in range(rng.randint(1, 12)):
+        parts = [rng.randint(1, 8) for _ in range(rng.choice([1, 1, 2]))]
+        chunks = tuple(Chunk(n, (("ncpus", str(size)), ("mpiprocs", "4"))) for n in parts)
+        wall = rng.choice([None, 60.0, 600.0, 3000.0, 90000.0])
+        jobs.append(JobRequest("%d.s" % k, chunks, walltime=wall))
+    return jobs, vnodes, releases
+
+
+def test_whole_vnode_counting_gives_the_general_fit_s_answer():
+    import random
+
+    from pbs_power.pbs import forecast
+    rng = random.Random(15)
+    shadows = 0
+    for _ in range(3000):
+        jobs, vnodes, releases = _unit_case(rng)
+        assert forecast._unit_amount(jobs, vnodes, releases, CHECKED) is not None
+        general = forecast._general_starts(jobs, vnodes, releases, NOW, CHECKED)
+        assert forecast._unit_starts(jobs, vnodes, releases, NOW) == general
+        shadows += any(s.start is not None for s in general)
+    assert shadows > 500                      # the blocked-job paths were exercised
+
+
+def test_anything_but_whole_identical_vnodes_takes_the_general_fit():
+    from pbs_power.pbs import forecast
+    from pbs_power.pbs.placement import VnodeSpace
+    vnodes = [vnode("n001"), vnode("n002", asleep=True)]
+    unit = forecast._unit_amount
+    assert unit([job("1.s", "2:ncpus=4")], vnodes, [], CHECKED) == 4.0
+    assert unit([job("1.s", "2:ncpus=2")], vnodes, [], CHECKED) is None
+    assert unit([job("1.s", "2:ncpus=4:mem=1gb")], vnodes, [], CHECKED) is None
+    assert unit([job("1.s", "2:ncpus=4", place="excl")], vnodes, [], CHECKED) is None
+    assert unit([job("1.s", "2:ncpus=4", place="scatter")], vnodes, [], CHECKED) is None
+    assert unit([job("1.s", "2:ncpus=4", instances=3)], vnodes, [], CHECKED) is None
+    assert unit([job("1.s", "2:ncpus=4")], vnodes + [vnode("n003", ncpus=8)], [], CHECKED) is None
+    assert unit([job("1.s", "2:ncpus=4")], vnodes, [freed(NOW, "9.s", "n001")], CHECKED) is None
+    excl = VnodeSpace("n003", "n003", False, {"ncpus": 4.0}, sharing="force_excl")
+    assert unit([job("1.s", "2:ncpus=4")], vnodes + [excl], [], CHECKED) is None
+    assert unit([job("1.s", "2:ncpus=4")], vnodes, [], frozenset({"mem"})) is None
