@@ -146,27 +146,28 @@ def _unit_amount(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
     takes the first N vnodes that the general fit would offer."""
     if "ncpus" not in checked:
         return None
-    units = set()
-    names = set()
-    for v in vnodes:
-        if v.sharing not in _SHARED_VNODES or v.name in names:
+    # Each test runs over the distinct values only: (type, value), as a bool
+    # must not pass for the number it equals.
+    values = {(type(x), x) for x in [v.free.get("ncpus") for v in vnodes]}
+    if not {v.sharing for v in vnodes} <= _SHARED_VNODES:
+        return None
+    names = [v.name for v in vnodes]
+    names += [n for rel in releases for n, _host, _amounts, _last in rel.vnodes]
+    if len(set(names)) != len(names):
+        return None                           # a vnode twice: its resources add up
+    for amounts in {a for rel in releases for _n, _host, a, _last in rel.vnodes}:
+        if len(amounts) != 1 or amounts[0][0] != "ncpus":
             return None
-        units.add(_whole(v.free.get("ncpus")))
-        names.add(v.name)
-    for rel in releases:
-        for name, _host, amounts, _last in rel.vnodes:
-            if name in names or len(amounts) != 1 or amounts[0][0] != "ncpus":
-                return None
-            units.add(_whole(amounts[0][1]))
-            names.add(name)
-    for job in jobs:
-        if job.arrangement != "free" or job.sharing not in ("", "shared") or job.instances != 1:
+        values.add((type(amounts[0][1]), amounts[0][1]))
+    if {(j.arrangement, j.instances) for j in jobs} != {("free", 1)} \
+            or not {j.sharing for j in jobs} <= {"", "shared"}:
+        return None
+    for resources in {c.resources for j in jobs for c in j.chunks}:
+        asked = [item for item in resources if item[0] in checked]
+        if len(asked) != 1 or asked[0][0] != "ncpus":
             return None
-        for chunk in job.chunks:
-            asked = [value for name, value in chunk.resources if name in checked]
-            if len(asked) != 1 or not any(n == "ncpus" for n, _ in chunk.resources):
-                return None
-            units.add(_whole(asked[0]))
+        values.add((type(asked[0][1]), asked[0][1]))
+    units = {_whole(value) for _type, value in values}
     if len(units) != 1:
         return None
     unit = units.pop()

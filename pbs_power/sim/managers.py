@@ -133,6 +133,12 @@ class PbsPower(Manager):
     answer can only change once some host's idle time reaches
     node_idle_limit, a rest ends, a job's start comes within the longest
     boot plus one cycle (`quiet_until`) or a command in flight times out.
+    After any run that held nothing back, and as long as no node changes
+    power state, the runs are also skipped while every command in flight
+    only waits for its node, no idle host is past node_idle_limit (so none
+    could go down) and the forecast puts every sleeping node it names far
+    enough ahead (`_quiet_after_jobs`), whatever jobs arrived, started or
+    ended.
     """
 
     name = "pbs-power"
@@ -175,7 +181,7 @@ class PbsPower(Manager):
     def on_cycle(self, now: float) -> None:
         engine, by_name = self.engine, self.by_name
         if self._quiet is not None:
-            if now < self._still_quiet_until():
+            if now < self._still_quiet_until(now):
                 self.skipped += 1
                 return
             self._quiet = None
@@ -188,57 +194,93 @@ class PbsPower(Manager):
                 engine.fail(node, now)
             if mark.sleep is not None:
                 engine.mark(node, mark.sleep)
-        if (self.skip_quiet and report.ran and not report.marks and not report.plan.actions
-                and not report.plan.deferred):
-            until = self._waiting_until(now)
-            if until > now:
+        if self.skip_quiet and report.ran and not report.plan.deferred:
+            waiting = self._waiting_until(now)
+            if waiting <= now:
+                return
+            if not report.marks and not report.plan.actions:
                 self._quiet = (engine.version, engine.power_version,
-                               min(until, self.quiet_until(now)))
+                               min(waiting, self.quiet_until(now)), waiting)
+            else:
+                # It acted: the next cycle runs unless what it left is quiet.
+                self._quiet = (None, engine.power_version, float("-inf"), waiting)
 
     def _waiting_until(self, now: float) -> float:
         """Until when every transition in flight only waits for its node (inf: none).
 
-        A power command sent in an earlier run whose node is still booting or
-        shutting down changes only when the node's state does (the engine's
-        version moves) or when it times out. Anything else in flight: now.
+        A power command whose node the backend does not yet report done is
+        left waiting by the next runs (`states.transitions`) until its node
+        changes power state (the engine's power version moves) or it times
+        out. Anything else in flight (a drain, a boot the scheduler has to
+        see): now.
         """
+        transitions = self.store.transitions()
+        if not transitions:
+            return float("inf")
+        statuses = self.runner.backend.status([t.host for t in transitions], now)
         until = float("inf")
-        for t in self.store.transitions():
-            if t.phase_since >= now:
-                return now
-            if t.phase is Phase.POWERING_UP:
+        for t in transitions:
+            state = statuses[t.host].state
+            if t.phase is Phase.POWERING_UP and state is not PowerState.ON:
                 until = min(until, t.started + self.cfg.boot_timeout)
-            elif t.phase is Phase.POWERING_DOWN:
+            elif t.phase is Phase.POWERING_DOWN and state is not (
+                    PowerState.ASLEEP if t.kind is TransitionKind.SLEEP else PowerState.OFF):
                 until = min(until, t.phase_since + self.cfg.shutdown_timeout)
             else:
                 return now
         return until
 
-    def _still_quiet_until(self) -> float:
-        """Until when the last quiet run's answer holds, given what changed since.
+    def _still_quiet_until(self, now: float) -> float:
+        """Until when the last run's answer holds, given what changed since.
 
-        Jobs that only started or ended on nodes that were up, with nothing
-        queued now and no warm pool to keep, change nothing the planner acts
-        on but the idle hosts; a host idle since then reaches node_idle_limit
-        no sooner than that long after the last run.
+        Jobs that only started or ended on nodes that were up, after a run
+        that did nothing, with nothing queued now and no warm pool to keep,
+        change nothing the planner acts on but the idle hosts; a host idle
+        since then reaches node_idle_limit no sooner than that long after
+        the last run. Otherwise, see `_quiet_after_jobs`.
         """
         engine = self.engine
-        version, power_version, until = self._quiet
+        version, power_version, until, waiting = self._quiet
         if version == engine.version:
             return until
-        if (power_version != engine.power_version or engine.queue
-                or self.cfg.min_idle_nodes or self.store.transitions()):
+        if (power_version != engine.power_version or self.cfg.min_idle_nodes
+                or self.store.failed()):
             return float("-inf")
-        until = min(until, self._last_run + self.cfg.node_idle_limit)
-        self._quiet = (engine.version, power_version, until)
+        if version is None or engine.queue or self.store.transitions():
+            until = self._quiet_after_jobs(now, waiting)
+        else:
+            until = min(until, self._last_run + self.cfg.node_idle_limit)
+        self._quiet = (engine.version, power_version, until, waiting)
         return until
+
+    def _quiet_after_jobs(self, now: float, waiting: float) -> float:
+        """Until when a run would do nothing, with no node changed in power
+        state since the last run (whatever that run did, and whatever jobs
+        arrived, started or ended since).
+
+        The commands in flight still only wait for their nodes (until
+        ``waiting``). No host can go down while none idle is past
+        node_idle_limit, and no sleeping host comes up before the forecast's
+        starts come within reach (`quiet_until`); with a host past the limit
+        the planner must weigh the needs: -inf.
+        """
+        cfg, limit = self.cfg, self.cfg.node_idle_limit
+        for node in map(self.engine.nodes.__getitem__, self.engine.state_index()[IDLE]):
+            if (node.state == IDLE and not node.marked and node.job is None
+                    and not node.failed and node.name not in cfg.excluded_hosts
+                    and max(node.idle_since, node.changed) + limit <= now):
+                return float("-inf")
+        return min(waiting, self.quiet_until(now))
 
     def quiet_until(self, now: float) -> float:
         """The first moment the planner could act on an unchanged cluster.
 
-        Conservative: an idle host reaching node_idle_limit, a rest ending,
-        a queued job entering the planner's horizon, or the earliest wake
-        any of a job's sleeping nodes could need (with the longest boot).
+        Conservative: an idle host reaching node_idle_limit, or the earliest
+        wake any of a job's sleeping nodes could need (with the longest
+        boot). A job that names only awake nodes can only keep idle hosts up,
+        and a rest that ends can only release a wake the planner wanted and
+        held back, which a quiet run did not: both count only for the warm
+        pool (a queued job entering the planner's horizon, a rest ending).
         """
         cfg, store, until = self.cfg, self.store, float("inf")
         for node in map(self.engine.nodes.__getitem__, self.engine.state_index()[IDLE]):
@@ -247,13 +289,15 @@ class PbsPower(Manager):
                 t = max(node.idle_since, node.changed) + cfg.node_idle_limit
                 if t > now:
                     until = min(until, t)
-        for since in store.down_since().values():
-            if since + cfg.min_node_down_delay > now:
-                until = min(until, since + cfg.min_node_down_delay)
+        pool = cfg.min_idle_nodes > 0
+        if pool:
+            for since in store.down_since().values():
+                if since + cfg.min_node_down_delay > now:
+                    until = min(until, since + cfg.min_node_down_delay)
         longest = longest_lead(cfg, boot_times(store))
         horizon = 2 * longest + cfg.min_node_down_delay + 2 * cfg.cycle_interval
         for _j, start, nodes in self.queued(now):
-            if start - horizon > now:
+            if pool and start - horizon > now:
                 until = min(until, start - horizon)
             elif any(n.marked or n.state in (DOWN, SHUTTING, BOOTING) for n in nodes):
                 until = min(until, start - longest - 2 * cfg.cycle_interval)

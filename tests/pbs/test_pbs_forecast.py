@@ -227,3 +227,9 @@ def test_anything_but_whole_identical_vnodes_takes_the_general_fit():
     excl = VnodeSpace("n003", "n003", False, {"ncpus": 4.0}, sharing="force_excl")
     assert unit([job("1.s", "2:ncpus=4")], vnodes + [excl], [], CHECKED) is None
     assert unit([job("1.s", "2:ncpus=4")], vnodes, [], frozenset({"mem"})) is None
+    ones = [VnodeSpace("n1", "n1", False, {"ncpus": 1.0}), VnodeSpace("n2", "n2", False, {"ncpus": 1})]
+    assert unit([job("1.s", "2:ncpus=1")], ones, [], CHECKED) == 1.0
+    truth = VnodeSpace("n3", "n3", False, {"ncpus": True})     # not a number to the fit
+    assert unit([job("1.s", "2:ncpus=1")], ones + [truth], [], CHECKED) is None
+    twice = [freed(NOW, "8.s", "b1", ncpus=1.0), freed(NOW + 9, "9.s", "b1", ncpus=1.0)]
+    assert unit([job("1.s", "2:ncpus=1")], ones, twice, CHECKED) is None
