@@ -78,6 +78,10 @@ class Engine(Scheduling):
         self.down_free = 0
         self._events: List[tuple] = []
         self._seq = 0
+        #: Periodic runs: a generation (a superseded run event is dropped) and,
+        #: while the manager sleeps, (version, next run time, period).
+        self._cycle_gen = 0
+        self._asleep: Optional[Tuple[int, float, float]] = None
         self.now = 0.0
         self.energy_j = 0.0
         #: The end of the energy interval (see energy_kwh) and the joules up to it.
@@ -163,15 +167,51 @@ class Engine(Scheduling):
                 else:
                     cycles.append((kind, arg))
             self._schedule(t)
+            if self._asleep is not None and self._asleep[0] != self.version:
+                self._wake(t, cycles)
             for kind, arg in cycles:
                 if kind == CYCLE:
-                    self.manager.on_cycle(t)
-                    self.push(t + arg, CYCLE, arg)
+                    self._cycle(t, arg)
                 else:
                     self.manager.on_timer(t, arg)
             if cycles:
                 self._schedule(t)
+            if self._asleep is not None and self._asleep[0] != self.version:
+                self._wake(t, None)
         return self
+
+    def _cycle(self, t: float, arg: Tuple[float, int]) -> None:
+        """A periodic run; then the next one, or, while the manager says its runs
+        would do nothing (`Manager.idle_until`), the first after that, unless
+        the cluster changes first (`_wake`)."""
+        period, gen = arg
+        if gen != self._cycle_gen:
+            return                              # superseded by `_wake`
+        self._asleep = None
+        self.manager.on_cycle(t)
+        at = t + period
+        until = self.manager.idle_until(t)
+        if until > at:
+            self._asleep = (self.version, at, period)
+            if until == INF:
+                return                          # only a change wakes it
+            while at < until:
+                at += period
+        self.push(at, CYCLE, arg)
+
+    def _wake(self, t: float, cycles: Optional[list]) -> None:
+        """The cluster changed while the manager slept: its next run is the first
+        on its schedule from ``t`` (now, before ``cycles`` are run, when given)."""
+        _version, at, period = self._asleep
+        self._asleep = None
+        self._cycle_gen += 1
+        while at < t or (cycles is None and at == t):
+            at += period
+        arg = (period, self._cycle_gen)
+        if at == t:
+            cycles.append((CYCLE, arg))
+        else:
+            self.push(at, CYCLE, arg)
 
     def push(self, at: float, kind: int, arg=None) -> None:
         self._seq += 1
@@ -179,7 +219,7 @@ class Engine(Scheduling):
 
     def every(self, seconds: float, first: float = 0.0) -> None:
         """Call ``manager.on_cycle`` every ``seconds`` from ``first``."""
-        self.push(first, CYCLE, float(seconds))
+        self.push(first, CYCLE, (float(seconds), self._cycle_gen))
 
     def timer(self, at: float, arg) -> None:
         """Call ``manager.on_timer(at, arg)`` at ``at``."""

@@ -19,6 +19,11 @@ class Manager:
     def on_cycle(self, now: float) -> None:
         """A periodic run (only for managers that asked ``engine.every``)."""
 
+    def idle_until(self, now: float) -> float:
+        """Until when the periodic runs after this one would do nothing, as long
+        as the engine's version stays the same (the engine skips them)."""
+        return now
+
     def on_timer(self, now: float, arg) -> None:
         """A timer the manager set."""
 

@@ -205,6 +205,12 @@ class PbsPower(Manager):
                 # It acted: the next cycle runs unless what it left is quiet.
                 self._quiet = (None, engine.power_version, float("-inf"), waiting)
 
+    def idle_until(self, now: float) -> float:
+        quiet = self._quiet
+        if not self.skip_quiet or quiet is None or quiet[0] != self.engine.version:
+            return now
+        return quiet[2]
+
     def _waiting_until(self, now: float) -> float:
         """Until when every transition in flight only waits for its node (inf: none).
 

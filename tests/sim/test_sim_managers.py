@@ -406,7 +406,7 @@ def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
     (full, m_full), (fast, m_fast) = runs[False], runs[True]
     assert fast.start == full.start and fast.log == full.log
     assert fast.energy_j == pytest.approx(full.energy_j, rel=1e-12)
-    assert m_full.skipped == 0 and m_fast.skipped > m_fast.runs / 2
+    assert m_full.skipped == 0 and m_fast.runs < m_full.runs * 2 / 3
 
 
 def test_pbs_power_acts_on_the_hook_s_own_forecast_of_what_qstat_shows():
