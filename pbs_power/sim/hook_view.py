@@ -15,7 +15,7 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 from pbs_power.pbs.demand import waking_first
 from pbs_power.pbs.forecast import Release, forecast_starts
 from pbs_power.pbs.placement import Chunk, JobRequest, VnodeSpace
-from .nodes import BOOTING, DOWN, IDLE, SHUTTING, Node
+from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 
 _ONE = (("ncpus", 1.0),)
 _CHECKED = frozenset({"ncpus"})
@@ -69,7 +69,7 @@ class HookView:
     def _room(self) -> List[VnodeSpace]:
         """Vnodes with no job on them, in node order: free ones, and asleep ones."""
         out = []
-        for node in self.engine.nodes:
+        for node in self.engine.nodes_except((BUSY, HELD)):
             if node.failed or node.job is not None:
                 continue
             state = node.state
