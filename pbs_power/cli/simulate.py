@@ -15,9 +15,9 @@ MANAGER_HELP = ("always-on (the baseline: never powers down), pbs-power (this "
                 "refilled every 10 s pass, resume on allocation, ResumeTimeout 600 s, "
                 "SuspendExcNodes=ALL:min_idle_nodes), openpbs (OpenPBS's PBS_power hook "
                 "as shipped: every 300 s, at most 5 power-offs and 5 power-ons, fixed "
-                "900 s boot), pbs-power-forecast (a what-if, not in the default list: "
-                "pbs-power fed an EASY calendar of every queued job's start, a forecast "
-                "the PBS hook does not compute yet)")
+                "900 s boot), pbs-power-forecast (a check, not in the default list: "
+                "pbs-power fed the simulator's own EASY calendar of every queued job "
+                "instead of the hook's forecast from what PBS shows)")
 NODE_POWER_KEYS = ("busy", "idle", "sleep", "off", "boot")
 
 

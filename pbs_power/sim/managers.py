@@ -113,14 +113,25 @@ class SimBackend(PowerBackend):
         return out
 
     def status(self, hosts: Sequence[str], now: float):
+        """As a BMC reports it: a booting node is on ``power_on_seconds`` after
+        its command (`powered_on_at`), long before its system is up."""
         down = PowerState.ASLEEP if self.engine.sleep_mode else PowerState.OFF
         out = {}
         for host in hosts:
-            s = self.by_name[host].state
-            state = (down if s == DOWN else PowerState.TRANSITIONING
-                     if s in (BOOTING, SHUTTING) else PowerState.ON)
+            node = self.by_name[host]
+            s = node.state
+            if s == BOOTING:
+                state = (PowerState.ON if now >= self.powered_on_at(node)
+                         else PowerState.TRANSITIONING)
+            else:
+                state = (down if s == DOWN else PowerState.TRANSITIONING
+                         if s == SHUTTING else PowerState.ON)
             out[host] = HostPower(state)
         return out
+
+    def powered_on_at(self, node: Node) -> float:
+        """When the BMC of a booting ``node`` reports it on."""
+        return node.changed + self.engine.model.power_on_seconds
 
 
 class PbsPower(Manager):
@@ -214,20 +225,28 @@ class PbsPower(Manager):
     def _waiting_until(self, now: float) -> float:
         """Until when every transition in flight only waits for its node (inf: none).
 
-        A power command whose node the backend does not yet report done is
-        left waiting by the next runs (`states.transitions`) until its node
-        changes power state (the engine's power version moves) or it times
-        out. Anything else in flight (a drain, a boot the scheduler has to
-        see): now.
+        A power command whose node the backend does not yet report done, and
+        a boot the backend reports on but the scheduler still shows down, are
+        left waiting by the next runs (`states.transitions`) until the node
+        changes power state (the engine's power version moves), its BMC
+        reports it on, or it times out. Anything else in flight (a drain, a
+        sleep mark still to clear): now.
         """
         transitions = self.store.transitions()
         if not transitions:
             return float("inf")
-        statuses = self.runner.backend.status([t.host for t in transitions], now)
+        backend = self.runner.backend
+        statuses = backend.status([t.host for t in transitions], now)
         until = float("inf")
         for t in transitions:
             state = statuses[t.host].state
+            node = self.by_name[t.host]
             if t.phase is Phase.POWERING_UP and state is not PowerState.ON:
+                until = min(until, t.started + self.cfg.boot_timeout)
+                if node.state == BOOTING:        # its BMC reports it on then
+                    until = min(until, backend.powered_on_at(node))
+            elif (t.phase is Phase.BOOTING and node.state == BOOTING and not node.marked
+                  and not node.failed):          # the scheduler shows it down until up
                 until = min(until, t.started + self.cfg.boot_timeout)
             elif t.phase is Phase.POWERING_DOWN and state is not (
                     PowerState.ASLEEP if t.kind is TransitionKind.SLEEP else PowerState.OFF):
@@ -347,8 +366,10 @@ class PbsPower(Manager):
             return cached[1]
         if node.failed:
             states = frozenset({"offline"})
-        elif node.marked or node.state in (DOWN, SHUTTING, BOOTING):
+        elif node.marked or node.state in (DOWN, SHUTTING):
             states = frozenset({"sleep"})
+        elif node.state == BOOTING:
+            states = frozenset({"down"})          # on, its MoM not up yet
         elif node.state in (BUSY, HELD):
             states = frozenset({"job-exclusive"})
         else:

@@ -30,6 +30,9 @@ class NodeModel:
     ``boot_seconds`` is the mean boot time and ``boot_spread`` the fraction
     by which a node's own boot time may differ from it (uniform, per node),
     ``boot_noise`` the extra random fraction of each single boot.
+    ``power_on_seconds`` is how long after a power-on or wake command the
+    node's BMC reports it on (ASSUMED: a BMC reports PowerState On once the
+    chassis has power, while the operating system boots for minutes).
     """
 
     name: str = "cpu"
@@ -44,6 +47,7 @@ class NodeModel:
     wake_seconds: float = 30.0
     shutdown_seconds: float = 30.0
     sleep_seconds: float = 10.0
+    power_on_seconds: float = 10.0
 
     def with_overrides(self, values: Mapping[str, Any]) -> "NodeModel":
         """A copy with the fields named in ``values`` replaced (unknown names refused)."""
