@@ -35,16 +35,36 @@ class HookView:
     def forecast(self, now: float, waking: Iterable[str]
                  ) -> List[Tuple[int, float, List[Node]]]:
         """(job, start, nodes) per queued job the hook's forecast places; start
-        ``now`` for a job that starts now. The answer holds until the cluster
-        or the hosts being woken change: do not modify it."""
+        ``now`` for a job that starts now. The answer is what the hook computes
+        at ``now``; it is kept until the cluster or the hosts being woken
+        change, or until `valid_until`."""
         engine = self.engine
         if not engine.queue:
             return []
         key = (engine.version, frozenset(waking))
-        if self._last is None or self._last[0] != key:
-            self._last = (key, self._compute(now, key[1]))
+        if self._last is None or self._last[0] != key or now > self._last[2]:
+            result = self._compute(now, key[1])
+            self._last = (key, result, self._holds_until(now, result))
         return [(j, now if start is None else max(start, now), nodes)
                 for j, start, nodes in self._last[1]]
+
+    def valid_until(self) -> float:
+        """Until when the last forecast holds on an unchanged cluster (inf: none made)."""
+        return self._last[2] if self._last is not None else float("inf")
+
+    def _holds_until(self, now: float, result) -> float:
+        """The forecast depends on the time only where a job ends before the top
+        blocked job's start (it may then start now on that job's vnodes): a
+        job that does at ``now`` no longer does after that start less its walltime."""
+        shadow = next((start for _j, start, _nodes in result if start is not None), None)
+        if shadow is None:
+            return float("inf")
+        engine, until = self.engine, float("inf")
+        for j in engine.queue:
+            latest = shadow - engine.wall[j]
+            if now <= latest < until:
+                until = latest
+        return until
 
     def _compute(self, now: float, waking: FrozenSet[str]
                  ) -> List[Tuple[int, Optional[float], List[Node]]]:

@@ -321,7 +321,10 @@ class PbsPower(Manager):
                     until = min(until, since + cfg.min_node_down_delay)
         longest = longest_lead(cfg, boot_times(store))
         horizon = 2 * longest + cfg.min_node_down_delay + 2 * cfg.cycle_interval
-        for _j, start, nodes in self.queued(now):
+        queued = self.queued(now)
+        if not self.forecast:                   # the forecast may change with time alone
+            until = min(until, max(self.view.valid_until(), now))
+        for _j, start, nodes in queued:
             if pool and start - horizon > now:
                 until = min(until, start - horizon)
             elif any(n.marked or n.state in (DOWN, SHUTTING, BOOTING) for n in nodes):

@@ -429,6 +429,31 @@ def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
     assert m_full.skipped == 0 and m_fast.runs < m_full.runs * 2 / 3
 
 
+def test_the_hook_s_forecast_is_what_the_hook_computes_at_each_run():
+    # A (2 nodes) runs until its walltime ends at 500; C (5 nodes) waits for
+    # it; D (200 s) ends before 500 when it starts by 300, so it backfills
+    # on free n00004 then. At 350, with nothing else changed, it would run
+    # past C's start: the forecast no longer starts it, and a quiet run's
+    # skipping ends by 300.
+    manager = PbsPower(default_config(node_idle_limit=600), 60)
+    jobs = [job("A", 0, 2, 300, 500), job("B", 0, 1, 300, 900), job("C", 0, 5, 100, 100),
+            job("D", 0, 1, 50, 200)]
+    e = Engine(jobs, make_nodes(6, MODEL), MODEL, manager)
+    manager.attach(e)
+    for node in e.nodes[4:]:
+        e._set(node, DOWN)
+        e._from_pool(node)
+    e.queue = [0, 1]
+    e._schedule(0.0)                          # A on n00001-2, B on n00003
+    e.queue = [2, 3]
+    e.version += 1
+    starts_at = lambda now: [(e.job_ids[j], start) for j, start, _n in manager.queued(now)]
+    assert starts_at(100.0) == [("C", 500.0), ("D", 100.0)]
+    assert manager.view.valid_until() == 300.0 and manager.quiet_until(100.0) <= 300.0
+    assert starts_at(300.0) == [("C", 500.0), ("D", 300.0)]
+    assert starts_at(350.0) == [("C", 500.0)]
+
+
 def test_pbs_power_acts_on_the_hook_s_own_forecast_of_what_qstat_shows():
     # The simulated hook must see what the real one computes from qstat and
     # the vnodes: the same jobs, starts and vnodes as queued_demand gives for
