@@ -289,15 +289,9 @@ class PbsPower(Manager):
         starts come within reach (`quiet_until`); with a host past the limit
         the planner must weigh the needs: -inf.
         """
-        cfg, limit = self.cfg, self.cfg.node_idle_limit
-        for node in map(self.engine.nodes.__getitem__, self.engine.state_index()[IDLE]):
-            if (node.state == IDLE and not node.marked and node.job is None
-                    and not node.failed and node.name not in cfg.excluded_hosts
-                    and max(node.idle_since, node.changed) + limit <= now):
-                return float("-inf")
-        return min(waiting, self.quiet_until(now))
+        return min(waiting, self.quiet_until(now, none_past_limit=True))
 
-    def quiet_until(self, now: float) -> float:
+    def quiet_until(self, now: float, none_past_limit: bool = False) -> float:
         """The first moment the planner could act on an unchanged cluster.
 
         Conservative: an idle host reaching node_idle_limit, or the earliest
@@ -306,6 +300,7 @@ class PbsPower(Manager):
         and a rest that ends can only release a wake the planner wanted and
         held back, which a quiet run did not: both count only for the warm
         pool (a queued job entering the planner's horizon, a rest ending).
+        ``none_past_limit``: -inf if an idle host is past node_idle_limit.
         """
         cfg, store, until = self.cfg, self.store, float("inf")
         for node in map(self.engine.nodes.__getitem__, self.engine.state_index()[IDLE]):
@@ -314,6 +309,8 @@ class PbsPower(Manager):
                 t = max(node.idle_since, node.changed) + cfg.node_idle_limit
                 if t > now:
                     until = min(until, t)
+                elif none_past_limit:
+                    return float("-inf")
         pool = cfg.min_idle_nodes > 0
         if pool:
             for since in store.down_since().values():

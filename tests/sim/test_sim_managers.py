@@ -429,15 +429,12 @@ def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
     assert m_full.skipped == 0 and m_fast.runs < m_full.runs * 2 / 3
 
 
-def test_the_hook_s_forecast_is_what_the_hook_computes_at_each_run():
-    # A (2 nodes) runs until its walltime ends at 500; C (5 nodes) waits for
-    # it; D (200 s) ends before 500 when it starts by 300, so it backfills
-    # on free n00004 then. At 350, with nothing else changed, it would run
-    # past C's start: the forecast no longer starts it, and a quiet run's
-    # skipping ends by 300.
+def _forecast_cluster(*queued):
+    """Six nodes, n00005-6 powered down; A (2 nodes, walltime 500) and B (1 node,
+    900) running from 0; C (5 nodes) and ``queued`` waiting, in that order."""
     manager = PbsPower(default_config(node_idle_limit=600), 60)
-    jobs = [job("A", 0, 2, 300, 500), job("B", 0, 1, 300, 900), job("C", 0, 5, 100, 100),
-            job("D", 0, 1, 50, 200)]
+    jobs = [job("A", 0, 2, 300, 500), job("B", 0, 1, 300, 900),
+            job("C", 0, 5, 100, 100)] + list(queued)
     e = Engine(jobs, make_nodes(6, MODEL), MODEL, manager)
     manager.attach(e)
     for node in e.nodes[4:]:
@@ -445,8 +442,18 @@ def test_the_hook_s_forecast_is_what_the_hook_computes_at_each_run():
         e._from_pool(node)
     e.queue = [0, 1]
     e._schedule(0.0)                          # A on n00001-2, B on n00003
-    e.queue = [2, 3]
+    e.queue = list(range(2, len(jobs)))
     e.version += 1
+    return manager, e
+
+
+def test_the_hook_s_forecast_is_what_the_hook_computes_at_each_run():
+    # A (2 nodes) runs until its walltime ends at 500; C (5 nodes) waits for
+    # it; D (200 s) ends before 500 when it starts by 300, so it backfills
+    # on free n00004 then. At 350, with nothing else changed, it would run
+    # past C's start: the forecast no longer starts it, and a quiet run's
+    # skipping ends by 300.
+    manager, e = _forecast_cluster(job("D", 0, 1, 50, 200))
     starts_at = lambda now: [(e.job_ids[j], start) for j, start, _n in manager.queued(now)]
     assert starts_at(100.0) == [("C", 500.0), ("D", 100.0)]
     assert manager.view.valid_until() == 300.0 and manager.quiet_until(100.0) <= 300.0
@@ -461,18 +468,7 @@ def test_pbs_power_acts_on_the_hook_s_own_forecast_of_what_qstat_shows():
     # n00006 powered down).
     from pbs_power.pbs.attributes import parse_exec_vnode, parse_qstat_time
     from pbs_power.pbs.demand import queued_demand, vnode_space
-    manager = PbsPower(default_config(node_idle_limit=600), 60)
-    jobs = [job("A", 0, 2, 300, 500), job("B", 0, 1, 300, 900), job("C", 0, 5, 100, 100),
-            job("D", 0, 1, 50, 200), job("E", 0, 2, 50, 5000)]
-    e = Engine(jobs, make_nodes(6, MODEL), MODEL, manager)
-    manager.attach(e)
-    for node in e.nodes[4:]:
-        e._set(node, DOWN)
-        e._from_pool(node)
-    e.queue = [0, 1]
-    e._schedule(0.0)                          # A on n00001-2, B on n00003
-    e.queue = [2, 3, 4]
-    e.version += 1
+    manager, e = _forecast_cluster(job("D", 0, 1, 50, 200), job("E", 0, 2, 50, 5000))
     now = 100.0
     doc = {"Jobs": {}}
     for j in (0, 1):
