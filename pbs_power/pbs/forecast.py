@@ -140,21 +140,30 @@ _SHARED_VNODES = frozenset({"", "default_shared", "force_shared", "ignore_excl"}
 
 def _unit_amount(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
                  releases: Sequence[Release], checked: FrozenSet[str]) -> Optional[float]:
-    """The whole number of ncpus that every vnode has free and every chunk asks
-    for, when ncpus is all that the fit compares and nothing is exclusive
-    (None otherwise). Then a chunk fills one vnode, and a job of N chunks
-    takes the first N vnodes that the general fit would offer."""
+    """The whole number of ncpus that every vnode not full has free, that
+    every running job gives back on each of its vnodes and that every chunk
+    asks for, when ncpus is all that the fit compares and nothing is
+    exclusive (None otherwise). Then a chunk fills one vnode, and a job of N
+    chunks takes the first N vnodes that the general fit would offer. A full
+    vnode (0 free, a busy one) takes nothing until a running job frees it."""
     if "ncpus" not in checked:
+        return None
+    if not {v.sharing for v in vnodes} <= _SHARED_VNODES:
         return None
     # Each test runs over the distinct values only: (type, value), as a bool
     # must not pass for the number it equals.
-    values = {(type(x), x) for x in [v.free.get("ncpus") for v in vnodes]}
-    if not {v.sharing for v in vnodes} <= _SHARED_VNODES:
-        return None
-    names = [v.name for v in vnodes]
-    names += [n for rel in releases for n, _host, _amounts, _last in rel.vnodes]
-    if len(set(names)) != len(names):
+    found = {(type(x), x) for x in [v.free.get("ncpus") for v in vnodes]}
+    full = {key for key in found if _whole(key[1]) == 0}
+    values = found - full
+    room = [v.name for v in vnodes]
+    freed = [n for rel in releases for n, _host, _amounts, _last in rel.vnodes]
+    if len(set(room)) != len(room) or len(set(freed)) != len(freed):
         return None                           # a vnode twice: its resources add up
+    if full:
+        room = [v.name for v in vnodes if (type(v.free.get("ncpus")), v.free.get("ncpus"))
+                not in full]
+    if not set(freed).isdisjoint(room):
+        return None                           # freed onto free room: more than one chunk
     for amounts in {a for rel in releases for _n, _host, a, _last in rel.vnodes}:
         if len(amounts) != 1 or amounts[0][0] != "ncpus":
             return None
@@ -180,6 +189,11 @@ def _whole(value) -> Optional[float]:
     if amount is None or amount != int(amount) or amount > 2 ** 40:
         return None
     return amount
+
+
+def _not_full(ncpus) -> bool:
+    """A vnode `_unit_amount` let through has the unit free, or none (full)."""
+    return _whole(ncpus) != 0 if isinstance(ncpus, str) else bool(ncpus)
 
 
 class _Line:
@@ -216,7 +230,8 @@ def _unit_starts(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
                  releases: Sequence[Release], now: float) -> Tuple[Start, ...]:
     """`forecast_starts` when every chunk fills one vnode: the same answer,
     found by counting vnodes instead of fitting resources."""
-    line = _Line([v.name for v in vnodes if not v.asleep] + [v.name for v in vnodes if v.asleep])
+    room = [v for v in vnodes if _not_full(v.free.get("ncpus"))]
+    line = _Line([v.name for v in room if not v.asleep] + [v.name for v in room if v.asleep])
     ordered = sorted(releases, key=lambda r: r.at)
     out: List[Start] = []
     shadow: Optional[float] = None

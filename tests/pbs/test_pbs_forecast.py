@@ -178,11 +178,18 @@ def _unit_case(rng):
     count = rng.randint(0, 30)
     vnodes = [VnodeSpace("v%03d" % i, "h%03d" % (i // rng.choice([1, 2])), rng.random() < 0.4,
                          {"ncpus": float(size), "mem": "8gb"}) for i in range(count)]
+    # busy vnodes (nothing free), as a real server shows them; most run a job
+    # that frees them, some run one with no walltime, some are a MoM's natural vnode
+    busy = ["b%03d" % i for i in range(rng.randint(0, 12))]
+    vnodes += [VnodeSpace(name, name, False, {"ncpus": rng.choice([0.0, 0, "0"])},
+                          occupied=True) for name in busy]
     rng.shuffle(vnodes)
+    rng.shuffle(busy)
     releases, used = [], 0
     for r in range(rng.randint(0, 8)):
         width = rng.randint(1, 6)
-        names = ["b%03d" % (used + k) for k in range(width)]
+        names = [busy.pop() if busy and rng.random() < 0.7 else "f%03d" % (used + k)
+                 for k in range(width)]
         used += width
         at = NOW + rng.choice([-50, 0, 100, 100, 600, 3600, 7200])
         releases.append(Release(at, "r%d.s" % r, tuple(
@@ -233,3 +240,7 @@ def test_anything_but_whole_identical_vnodes_takes_the_general_fit():
     assert unit([job("1.s", "2:ncpus=1")], ones + [truth], [], CHECKED) is None
     twice = [freed(NOW, "8.s", "b1", ncpus=1.0), freed(NOW + 9, "9.s", "b1", ncpus=1.0)]
     assert unit([job("1.s", "2:ncpus=1")], ones, twice, CHECKED) is None
+    busy = VnodeSpace("b1", "b1", False, {"ncpus": 0.0}, occupied=True)
+    assert unit([job("1.s", "2:ncpus=1")], ones + [busy], twice[:1], CHECKED) == 1.0
+    assert unit([job("1.s", "2:ncpus=1")], ones, [freed(NOW, "8.s", "n1", ncpus=1.0)],
+                CHECKED) is None                  # freed onto a vnode with room: 2 chunks
