@@ -244,3 +244,24 @@ def test_anything_but_whole_identical_vnodes_takes_the_general_fit():
     assert unit([job("1.s", "2:ncpus=1")], ones + [busy], twice[:1], CHECKED) == 1.0
     assert unit([job("1.s", "2:ncpus=1")], ones, [freed(NOW, "8.s", "n1", ncpus=1.0)],
                 CHECKED) is None                  # freed onto a vnode with room: 2 chunks
+
+
+def test_a_real_server_s_busy_cluster_is_counted_whole_vnode_by_whole_vnode():
+    # As a real OpenPBS 23.06 shows it (pbsnodes -av, qstat -f -F json): the
+    # MoM's natural vnode with resources_available.ncpus 0, gpu001 running
+    # 2.s with ncpus 4 of 4 assigned, gpu002-4 asleep with 4 each, and 3.s
+    # (select=4:ncpus=4) queued. The count applies, and gives the general
+    # fit's answer: 3.s starts when 2.s's walltime ends, freed gpu001 first.
+    from pbs_power.pbs import forecast
+    spaces = [vnode_space("pbshost", "pbshost", False, {"ncpus": 0, "mem": "0kb"}, {}, False, 1),
+              vnode_space("gpu001", "gpu001", False, {"ncpus": 4, "mem": "8gb"},
+                          {"ncpus": 4, "mem": "0kb"}, True, 1)]
+    spaces += [vnode_space(n, n, True, {"ncpus": 4, "mem": "8gb"}, {}, False, 1)
+               for n in ("gpu002", "gpu003", "gpu004")]
+    doc = {"Jobs": {"2.pbshost": running(NOW - 100, "00:04:00", "(gpu001:ncpus=4)")}}
+    releases = running_releases(doc, NOW, parse_qstat_time, {s.name: s.host for s in spaces})
+    jobs = [job("3.pbshost", "4:ncpus=4", 120)]
+    assert forecast._unit_amount(jobs, spaces, releases, DEFAULT_CHECKED) == 4.0
+    assert forecast_starts(jobs, spaces, releases, NOW, DEFAULT_CHECKED) == \
+        forecast._general_starts(jobs, spaces, releases, NOW, DEFAULT_CHECKED) == (
+        Start("3.pbshost", NOW + 140, ("gpu001", "gpu002", "gpu003", "gpu004")),)
