@@ -4,14 +4,14 @@ The engine replays jobs (submit time, nodes, run time, requested walltime)
 on ``len(nodes)`` nodes and asks a power `Manager` (see ``managers.py``)
 what to do with idle nodes. Two scheduler flavours, as in the real systems:
 
-* ``pbs``: jobs start only on nodes that are up and not marked asleep; the
-  calendar counts sleeping nodes as available now. That is what the power
-  hook works from: a real PBS scheduler gives such jobs no estimate (default
-  sched_config) or calendars sleeping nodes at now + 600 s, so the hook fits
-  queued jobs onto free plus sleeping nodes itself and treats those
-  estimates as "now" (``pbs_power.pbs.placement``, ``pbs_power.pbs.demand``). While the top
-  job waits only for nodes to wake, the free nodes are held for it: nothing
-  backfills onto them.
+* ``pbs``: jobs start only on nodes that are up and not marked asleep. A
+  node marked asleep, or down while it boots, is neither free nor busy to
+  the scheduler: a job that needs one gets no start estimate and holds
+  nothing, so later jobs pass it, unless the manager's server has
+  power_provisioning (``Manager.calendar_sleep``): then such nodes come up
+  in the calendar at now + 600 s and the top job holds the free nodes
+  against jobs that would run past that. The power hook fits queued jobs
+  onto free plus sleeping nodes itself (``pbs_power.pbs.forecast``).
 * ``slurm``: a job may be allocated powered-down nodes; allocating one
   resumes it, and the job starts once all its nodes are up.
 
@@ -97,6 +97,11 @@ class Engine(Scheduling, PowerEvents):
         self._dirty = True
         self._new: List[int] = []
         self._shadow: Tuple[float, int] = (INF, 0)
+        #: PBS with power_provisioning: seconds from now at which the calendar
+        #: has a sleeping vnode up (None: never), and whether the top job's
+        #: reservation waits for that moving time.
+        self.calendar_sleep: Optional[float] = manager.calendar_sleep
+        self._shadow_moves = False
         self.done = 0
         #: Bumped by every change a power manager could see (node states,
         #: marks, failures, arrivals); lets a manager know nothing moved.

@@ -1,7 +1,7 @@
 """The hooks every simulated power manager may override, and always-on, which uses none."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from .nodes import Node
 
@@ -12,6 +12,10 @@ class Manager:
     name = "always-on"
     scheduler = "pbs"
     sleep_mode = False
+    #: PBS: seconds from now at which the scheduler's calendar has a sleeping
+    #: vnode up; None (no power_provisioning, as with this package's hook):
+    #: never, so a job that needs one gets no start estimate and holds nothing.
+    calendar_sleep: Optional[float] = None
 
     def attach(self, engine) -> None:
         self.engine = engine

@@ -53,6 +53,11 @@ class OpenPBSPower(Manager):
     """
 
     name = "openpbs"
+    #: A hook named PBS_power turns the server's power_provisioning on, so the
+    #: calendar has sleeping vnodes up at now + PROVISION_DURATION
+    #: (src/scheduler/config.h, 600 s; src/server/svr_func.c
+    #: set_srv_pwr_prov_attribute).
+    calendar_sleep = 600.0
 
     def __init__(self, config: HookConfig, freq: float = OPENPBS_FREQ,
                  max_concurrent: int = OPENPBS_MAX_CONCURRENT):

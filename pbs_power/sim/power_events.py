@@ -95,6 +95,10 @@ class PowerEvents:
         else:
             self._set(node, IDLE)
             node.idle_since = t
+            if node.marked and not self.slurm:
+                # Its MoM registers: pbs_server clears the sleep mark itself
+                # (src/server/node_manager.c, IS_REGISTERMOM).
+                self.mark(node, False)
             self._to_pool(node)
             self._dirty = True
         self.manager.on_up(node, t)
@@ -148,6 +152,7 @@ class PowerEvents:
         self._recalendar(node)
         if asleep:
             self._from_pool(node)
+            self._dirty = True                  # the calendar lost a free node
         elif node.state == IDLE and node.job is None and not node.failed:
             self._to_pool(node)
             self._dirty = True

@@ -39,9 +39,12 @@ class Scheduling:
         return self.pool_size + (self.down_free if self.slurm else 0)
 
     def potential(self) -> int:
-        """Nodes the calendar may count on now (free, asleep or coming up)."""
-        if self.slurm:
-            return self.pool_size + self.down_free
+        """Nodes the scheduler's calendar counts on now: free ones (and, Slurm,
+        powered-down ones, which it allocates)."""
+        return self.pool_size + (self.down_free if self.slurm else 0)
+
+    def jobless(self) -> int:
+        """Nodes with no job that have not failed: free, asleep or coming up."""
         c = self.count
         return len(self.nodes) - c[BUSY] - c[HELD] - self.failed
 
@@ -53,15 +56,31 @@ class Scheduling:
         (power_save.c clears it from avail_node_bitmap, "Don't allocate until
         after SuspendTimeout", and make_node_avail()s it once the timeout
         passed), so it counts from then on.
+
+        PBS: a vnode marked asleep, or down while it boots, is neither free
+        nor busy, so it never comes up in the calendar
+        (src/scheduler/node_info.cpp set_node_info_state), unless the server
+        has power_provisioning (only a hook named PBS_power turns it on):
+        then every sleeping vnode comes up at now + PROVISION_DURATION
+        (``calendar_sleep``; src/scheduler/simulate.cpp create_events).
         """
         have = self.potential()
         if width <= have:
             return t, have - width
         ends: Iterable[Tuple[float, int]] = self.ends
-        if self.slurm and self.shutting_until:
-            ends = heapq.merge(ends, sorted((u, -1) for u in self.shutting_until.values()))
+        width_of = self.width
+        if self.slurm:
+            if self.shutting_until:
+                ends = heapq.merge(ends, sorted((u, -1) for u in self.shutting_until.values()))
+        else:
+            asleep = self.jobless() - have if self.calendar_sleep is not None else 0
+            if width > have + self.count[BUSY] + asleep:
+                return INF, 0                  # no start time estimate
+            if asleep:
+                width_of = self.width + [asleep]
+                ends = heapq.merge(ends, [(t + self.calendar_sleep, len(self.width))])
         for end, j in ends:
-            have += self.width[j] if j >= 0 else 1
+            have += width_of[j] if j >= 0 else 1
             if have >= width:
                 return max(end, t), have - width
         return INF, 0
@@ -69,13 +88,16 @@ class Scheduling:
     def _schedule(self, t: float) -> None:
         if not self._dirty:
             new, self._new = self._new, []
-            if new and self.startable():
-                self._backfill_new(new, t)
-                return
-            if not new or self._shadow[0] != INF:
-                return
+            if not (new and self._shadow_moves):
+                if new and self.startable():
+                    self._backfill_new(new, t)
+                    return
+                if not new or self._shadow[0] != INF:
+                    return
             # Nothing can start, but a new job may be the new top job: the
             # full pass gives it its reservation (and notes a power wait).
+            # Or the top job's reservation waits for sleeping vnodes, which
+            # the calendar has up at now + calendar_sleep: it moved since.
         self._dirty = False
         self._new = []
         queue = self.queue
@@ -95,16 +117,14 @@ class Scheduling:
                     started += 1
                     continue
                 shadow, extra = self.shadow(width, t)
-                if shadow <= t:
-                    # It waits only for nodes to wake. PBS's calendar holds the
-                    # free nodes for it (they come first in its exec_vnode), so
-                    # backfilling must not eat the nodes woken for it.
-                    extra = 0
-                    if self.power_since[j] is None:
-                        self.power_since[j] = t
-                    break
-                if self.power_since[j] is None and width <= self.potential():
+                if self.power_since[j] is None and width <= self.jobless():
                     self.power_since[j] = t           # only power keeps it waiting
+                if shadow == INF and not self.slurm:
+                    # PBS: no start time estimate, so it is no top job and
+                    # holds nothing; the next job that cannot run may be one
+                    # (src/scheduler/fifo.cpp: add_job_to_calendar failed,
+                    # "continue on", num_topjobs unchanged).
+                    shadow = None
                 continue
             if width <= avail and (t + self.wall[j] <= shadow or width <= extra):
                 self._allocate(j, t)
@@ -113,6 +133,8 @@ class Scheduling:
                 if t + self.wall[j] > shadow:
                     extra -= width
         self._shadow = (shadow if shadow is not None else INF, extra or 0)
+        self._shadow_moves = (shadow is not None and self.calendar_sleep is not None
+                              and not self.slurm and shadow == t + self.calendar_sleep)
         if started:
             self._drop_started()
 
