@@ -24,10 +24,11 @@ import subprocess
 import sys
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional
 
-from pbs_power.states.model import UNAVAILABLE_STATES
+from pbs_power.states.model import MOM_GONE_STATES, UNAVAILABLE_STATES
 from .demand import checked_resources, vnode_space
 from .log import LogFn
 from .placement import VnodeSpace
+
 
 #: Seconds the detached poke waits: the server applies the hook's vnode changes after it exits.
 POKE_DELAY = 5.0
@@ -54,11 +55,21 @@ def resource_values(resources: Any) -> Dict[str, Any]:
 
 
 def vnode_spaces(pbs, vnode_list: Mapping[str, Any], state_names, host_of) -> List[VnodeSpace]:
-    """Room on every vnode that is up or asleep (offline, down ... are left out), in list order."""
+    """Room on every vnode that is up or asleep (offline, down ... are left out), in list order.
+
+    A vnode asleep is also ``down`` once its host is off: pbs_server marks a
+    MoM it cannot reach down, sleep mark or not (``down,sleep`` on OpenPBS
+    23.06 once its MoM was killed; ``state-unknown,down`` after a server
+    restart, until the MoM registers), so those count against it only when
+    it is awake.
+    """
     spaces = []
     for name, v in vnode_list.items():
         states = state_names(pbs, v.state)
-        if states & UNAVAILABLE_STATES:
+        if "sleep" in states:
+            if (states - MOM_GONE_STATES) & UNAVAILABLE_STATES:
+                continue
+        elif states & UNAVAILABLE_STATES:
             continue
         spaces.append(vnode_space(
             str(name), host_of(v, name), "sleep" in states,

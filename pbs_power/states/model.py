@@ -20,6 +20,10 @@ DOWN = "down"
 BUSY_STATES = frozenset({"job-busy", "job-exclusive", "resv-exclusive", "busy"})
 _FREE_ONLY = frozenset({FREE})
 #: States in which a vnode cannot take work for reasons other than power.
+#: What pbs_server shows on a vnode whose MoM it cannot reach (its host off or
+#: booting): ``down``, and ``state-unknown`` after a server restart until the
+#: MoM registers, which clears them and the sleep mark alike.
+MOM_GONE_STATES = frozenset({DOWN, "state-unknown"})
 UNAVAILABLE_STATES = frozenset({
     DOWN, OFFLINE, "stale", "state-unknown", "unresolvable", "maintenance",
     "provisioning", "wait-provisioning", "initializing", "deleted",

@@ -137,14 +137,19 @@ def qmgr_calls(state_path):
     return [json.loads(line) for line in lines.splitlines() if line]
 
 
-def restart_server(state_path):
-    """What a pbs_server restart does to vnodes: each MoM registers again and
-    the server clears SLEEP (and UNKNOWN) on its vnodes (is_request(),
-    IS_REGISTERMOM, src/server/node_manager.c; seen on OpenPBS 23.06)."""
+def restart_server(state_path, moms_gone=()):
+    """What a pbs_server restart does to vnodes: the sleep mark is not kept;
+    each MoM registers again and the server clears SLEEP (and UNKNOWN) on
+    its vnodes (is_request(), IS_REGISTERMOM, src/server/node_manager.c).
+    The vnodes of ``moms_gone`` (hosts off: no MoM to register) show
+    ``state-unknown,down`` instead. Both seen on OpenPBS 23.06."""
     state = load_state(state_path)
-    for rec in state["vnodes"].values():
-        rec["state"] = [s for s in rec["state"] if s not in ("sleep", "state-unknown")] \
-            or ["free"]
+    for name, rec in state["vnodes"].items():
+        if name in moms_gone:
+            rec["state"] = ["down", "state-unknown"]
+            continue
+        rec["state"] = [s for s in rec["state"]
+                        if s not in ("sleep", "state-unknown", "down")] or ["free"]
     save_state(state_path, state)
 
 
