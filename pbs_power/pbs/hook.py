@@ -215,11 +215,16 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
         report = Cycle(config, store, backend, log, check_down_hosts=True).run(
             snapshot, now, query_failed)
     changed = apply_marks(pbs, event.vnode_list, report.marks, log)
-    if changed and "PBS_EXEC" in conf:
+    # A woken host's MoM registering clears its marks but starts no scheduling
+    # cycle (seen on OpenPBS 23.06): ask for one when a boot is done too.
+    up = [o.transition.host for o in report.completed if not o.transition.kind.is_down]
+    if (changed or up) and "PBS_EXEC" in conf:
         from .scheduler import start_cycle_soon
         if start_cycle_soon(pbs, conf["PBS_EXEC"], list(config.python_path), log):
-            log("info", "vnode marks changed (%s): scheduling cycle requested"
-                % ", ".join(changed[:10]) + (" ..." if len(changed) > 10 else ""))
+            log("info", "%s: scheduling cycle requested" % "; ".join(
+                "%s (%s)" % (what, ", ".join(names[:10]) + (" ..." if len(names) > 10 else ""))
+                for what, names in (("vnode marks changed", changed), ("hosts up", up))
+                if names))
     if live is not None:
         from .jobs import cleanup_after_qstat
         cleanup_after_qstat(config, live, now, log)

@@ -7,9 +7,16 @@ the scheduler and the power backend now report (see `model.Phase`):
   backend command is sent; if a job landed on it meanwhile, the drain is
   cancelled and the host handed back.
 * POWERING_DOWN: done when the backend reports the host off (or asleep).
-* POWERING_UP: once the backend reports it on, the sleep mark is cleared.
+* POWERING_UP: once the backend reports it on, the host is booting. Its
+  sleep mark is kept while the scheduler shows it down (its MoM is not
+  back): pbs_server clears sleep and down together when the MoM registers,
+  and a scheduler with power_provisioning keeps counting a sleeping vnode
+  (at now + 600 s) but never a down one, so a job waiting for the host
+  keeps its reservation. A host not shown down (its MoM never went away)
+  has its mark cleared at once.
 * BOOTING: done when the scheduler sees every vnode usable; the time from
-  the command to that moment is the host's measured boot time.
+  the command to that moment is the host's measured boot time. A mark
+  still there once the host is no longer down is cleared.
 
 A transition that overruns ``boot_timeout`` (up) or ``shutdown_timeout``
 (down) fails: the host is taken offline with a comment, not retried.
@@ -20,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import HookConfig
-from .model import (FREE, SLEEP, Phase, PowerState, Snapshot, Transition,
+from .model import (FREE, MOM_GONE_STATES, SLEEP, Phase, PowerState, Snapshot, Transition,
                     TransitionKind, Vnode, evolve, hosts_of)
 
 #: Cycles a drain may wait for the scheduler to show the sleep mark.
@@ -44,6 +51,7 @@ class Reconciliation:
     remark_sleep: Tuple[Outcome, ...] = ()   # sleep mark not visible yet: set again
     cancelled: Tuple[Outcome, ...] = ()      # drain aborted: clear the sleep mark
     came_up: Tuple[Outcome, ...] = ()        # backend says on: clear the sleep mark
+    booting: Tuple[Outcome, ...] = ()        # backend says on, MoM not back: keep the mark
     completed: Tuple[Outcome, ...] = ()      # finished; seconds = measured duration
     timed_out: Tuple[Outcome, ...] = ()      # failed: take the host offline
     vanished: Tuple[Outcome, ...] = ()       # host no longer known to the scheduler
@@ -77,7 +85,7 @@ def _step(t: Transition, vnodes: Sequence[Vnode], status, config: HookConfig,
     if t.phase is Phase.POWERING_DOWN:
         return _powering_down(t, status, config, now)
     if t.phase is Phase.POWERING_UP:
-        return _powering_up(t, status, config, now)
+        return _powering_up(t, vnodes, status, config, now)
     return _booting(t, vnodes, config, now)
 
 
@@ -110,8 +118,11 @@ def _powering_down(t, status, config, now):
     return "waiting", Outcome(t)
 
 
-def _powering_up(t, status, config, now):
+def _powering_up(t, vnodes, status, config, now):
     if status is not None and status.state is PowerState.ON:
+        if any(v.asleep and v.states & MOM_GONE_STATES for v in vnodes):
+            return "booting", Outcome(t, "backend reports it on; sleep mark kept "
+                                         "until its MoM is back")
         return "came_up", Outcome(t, "backend reports it on")
     if now - t.started > config.boot_timeout:
         return "timed_out", Outcome(t, "did not power on within boot_timeout=%ds%s"
@@ -132,8 +143,8 @@ def _booting(t, vnodes, config, now):
         return "timed_out", Outcome(t, "powered on but the scheduler still shows "
                                        "it %s after boot_timeout=%ds"
                                     % (states, config.boot_timeout))
-    if any(v.asleep for v in vnodes):
-        return "came_up", Outcome(t, "sleep mark still visible; clearing it again")
+    if any(v.asleep for v in vnodes) and not any(v.states & MOM_GONE_STATES for v in vnodes):
+        return "came_up", Outcome(t, "sleep mark still visible; clearing it")
     return "waiting", Outcome(t)
 
 

@@ -34,8 +34,9 @@ def site(tmp_path):
     st = c.new_state(tmp_path, tmp_path / "pbs_power.json", vnodes=vnodes, hook_freq=CYCLE)
     for i in range(3):
         cycle(st, tmp_path, T0 + i * CYCLE)
-    assert states(st) == {h: ["sleep"] for h in HOSTS}
     assert powered(tmp_path, T0 + 3 * CYCLE) == {h: "off" for h in HOSTS}
+    server_between_runs(st, powered(tmp_path, T0 + 3 * CYCLE))
+    assert states(st) == {h: ["down", "sleep"] for h in HOSTS}
     return st
 
 
@@ -48,14 +49,32 @@ def powered(tmp_path, now):
         fleet.close()
 
 
-def cycle(st, tmp_path, now):
-    """pbs_server between runs (a host whose mark is cleared is free once on), then a run."""
-    power = powered(tmp_path, now)
+def server_between_runs(st, power, moms_down=()):
+    """What pbs_server does to the vnodes as hosts lose and regain power.
+
+    Seen on OpenPBS 23.06 with its MoM killed and restarted: a host that is
+    off has its MoM unreachable, so its vnodes show ``down``, a sleeping one
+    ``down,sleep``; once the host is on, its MoM registers, which clears
+    down and sleep alike (src/server/node_manager.c, IS_REGISTERMOM).
+    ``moms_down``: hosts on whose MoM is not back yet (a BMC reports a host
+    on long before its system is up).
+    """
     state = c.load_state(st)
     for name, v in state["vnodes"].items():
-        if "sleep" not in v["state"] and v["state"] != ["job-busy"]:
-            v["state"] = ["free"] if power[name] == "on" else ["down"]
+        now_states = set(v["state"])
+        if "job-busy" in now_states:
+            continue
+        if power[name] != "on" or name in moms_down:
+            now_states = (now_states - {"free"}) | {"down"}
+        elif "down" in now_states or "sleep" not in now_states:
+            now_states = {"free"}
+        v["state"] = sorted(now_states)
     c.save_state(st, state)
+
+
+def cycle(st, tmp_path, now, moms_down=()):
+    """pbs_server between runs (`server_between_runs`), then a run."""
+    server_between_runs(st, powered(tmp_path, now), moms_down)
     rec = c.run_hook(HOOK, st, now=now)
     assert rec["accepted"] and rec["exception"] is None, rec
     return rec
@@ -78,18 +97,38 @@ def test_a_job_needing_two_sleeping_hosts_wakes_exactly_them(site, tmp_path):
     rec = cycle(site, tmp_path, now)
     sent = [l for l in rec["log"] if "power_on sent" in l]
     assert len(sent) == 2 and all("job 10.pbssvr needs it" in l for l in sent), rec["log"]
-    # up within boot time + 2 cycles, and the scheduler is asked for a cycle then
-    logs = []
-    for i in range(1, 3):
-        logs += cycle(site, tmp_path, now + i * CYCLE)["log"]
+    # The backend reports them on at the third run (boot 100 s) while their
+    # MoMs are not back: their sleep mark stays, so a scheduler with
+    # power_provisioning keeps the job's reservation. The MoMs register a
+    # run later, which clears the marks and starts a scheduling cycle
+    # (pbs_server does both), and the boots are done.
+    logs = cycle(site, tmp_path, now + CYCLE)["log"]
+    logs += cycle(site, tmp_path, now + 2 * CYCLE, moms_down=("n1", "n2"))["log"]
+    assert sum("sleep mark kept until its MoM is back" in l for l in logs) == 2, logs
+    assert states(site)["n1"] == ["down", "sleep"]
+    logs += cycle(site, tmp_path, now + 3 * CYCLE)["log"]
     assert sorted(h for h, s in states(site).items() if s == ["free"]) == ["n1", "n2"]
-    assert any("scheduling cycle requested" in l for l in logs)
-    deadline = time.time() + 15                 # the detached request comes a few s later
-    while not c.qmgr_calls(site) and time.time() < deadline:
-        time.sleep(0.5)
-    assert [call["argv"] for call in c.qmgr_calls(site)][-1] == [
-        "-c", "set server scheduling = True"]
+    assert sum("power_on done" in l for l in logs) == 2, logs
+    # The registration started no scheduling cycle: the hook asks for one.
+    assert "pbs_power: hosts up (n1, n2): scheduling cycle requested" in logs[-1], logs
     assert all(line.split(";", 2)[2].startswith("pbs_power: ") for line in logs)
+
+
+def test_a_run_that_changes_marks_asks_for_a_scheduling_cycle(tmp_path):
+    c.write_hook_config(tmp_path / "pbs_power.json", {
+        "power_on_off_enable": True, "node_idle_limit": 1800, "min_node_down_delay": 0,
+        "cycle_interval": CYCLE, "power_backend": BACKEND,
+        "state_dir": str(tmp_path / "state"), "python_path": c.hook_python_path()})
+    st = c.new_state(tmp_path, tmp_path / "pbs_power.json", hook_freq=CYCLE, vnodes={
+        "n1": {"poweroff_eligible": True, "last_used_time": T0 - 7200,
+               "last_state_change_time": T0 - 7200}})
+    rec = c.run_hook(HOOK, st, now=T0)                # drained: marked sleep
+    assert any("scheduling cycle requested" in l for l in rec["log"]), rec["log"]
+    deadline = time.time() + 15                 # the detached request comes a few s later
+    while not c.qmgr_calls(st) and time.time() < deadline:
+        time.sleep(0.5)
+    assert [call["argv"] for call in c.qmgr_calls(st)][-1] == [
+        "-c", "set server scheduling = True"]
 
 
 def test_jobs_that_fit_each_other_wake_only_what_they_need(site, tmp_path):
@@ -116,13 +155,26 @@ def test_no_wake_for_a_job_that_cannot_run_even_with_every_host(site, tmp_path):
 
 
 def test_sleep_marks_are_back_one_cycle_after_a_server_restart(site, tmp_path):
-    c.restart_server(site)          # MoMs still answer (a site script that only cuts power)
+    c.restart_server(site, moms_gone=HOSTS)       # the hosts are off: no MoM registers
+    assert states(site) == {h: ["down", "state-unknown"] for h in HOSTS}
+    rec = c.run_hook(HOOK, site, now=T0 + 5 * CYCLE)
+    assert {h: sorted(s) for h, s in states(site).items()} == {
+        h: ["down", "sleep", "state-unknown"] for h in HOSTS}
+    assert sum("sleep mark lost" in l for l in rec["log"]) == 4
+    with Store.open(str(tmp_path / "state")) as store:
+        assert set(store.down_since()) == set(HOSTS)
+    # ... and they are still woken for work: a job needing one host.
+    queue(site, "16.pbssvr", "1:ncpus=4")
+    rec = c.run_hook(HOOK, site, now=T0 + 6 * CYCLE)
+    assert sum("power_on sent: job 16.pbssvr" in l for l in rec["log"]) == 1, rec["log"]
+
+
+def test_sleep_marks_are_back_after_a_restart_while_moms_still_answer(site, tmp_path):
+    c.restart_server(site)          # a site script that cuts power but leaves MoMs up
     assert states(site) == {h: ["free"] for h in HOSTS}
     rec = c.run_hook(HOOK, site, now=T0 + 5 * CYCLE)
     assert states(site) == {h: ["sleep"] for h in HOSTS}
     assert sum("sleep mark lost" in l for l in rec["log"]) == 4
-    with Store.open(str(tmp_path / "state")) as store:
-        assert set(store.down_since()) == set(HOSTS)
 
 
 def test_a_power_off_that_completes_after_a_restart_is_marked_again_at_once(tmp_path):

@@ -72,6 +72,19 @@ def test_powering_up_host_comes_up_when_backend_says_on():
     assert bucket(off, "a") == "waiting"
 
 
+def test_a_host_on_whose_mom_is_not_back_keeps_its_sleep_mark_while_it_boots():
+    # pbs_server shows a host that is off down,sleep (state-unknown,down after
+    # a restart); its MoM registering clears them. Until then the mark stays.
+    on = {"a": Status(PowerState.ON, NOW)}
+    for states in (("down", "sleep"), ("state-unknown", "down", "sleep")):
+        snap = Snapshot((v("a", *states),),
+                        transitions=(t("a", K.POWER_ON, Phase.POWERING_UP),))
+        rec = reconcile(snap, on, CFG, NOW)
+        assert bucket(rec, "a") == "booting" and "sleep mark kept" in rec.booting[0].reason
+        booting = Snapshot(snap.vnodes, transitions=(t("a", K.POWER_ON, Phase.BOOTING),))
+        assert bucket(reconcile(booting, {}, CFG, NOW), "a") == "waiting"
+
+
 def test_host_that_never_powers_on_times_out_after_boot_timeout():
     snap = Snapshot((v("a", "sleep"),),
                     transitions=(t("a", K.POWER_ON, Phase.POWERING_UP, started=NOW - 1801),))
