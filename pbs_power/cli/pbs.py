@@ -45,6 +45,14 @@ def add_parser(subparsers: Any) -> None:
                          help="delete the hooks instead (custom resources are kept)")
     install.add_argument("--remove-resources", action="store_true",
                          help="with --uninstall: delete the custom resources too")
+    install.add_argument("--no-power-provisioning", action="store_true",
+                         help="leave the server's power_provisioning alone. By default an "
+                              "install turns it on (OpenPBS's PBS_power hook enabled with no "
+                              "events: it never runs) so that the scheduler keeps a top job's "
+                              "reservation while its vnodes wake, and an uninstall turns it "
+                              "off; it is left off when job_policies.eoe_policies is set, as "
+                              "jobs that request an eoe then need vnodes with "
+                              "power_provisioning")
     install.add_argument("--config", metavar="FILE",
                          help="hook config to import (default: HOOKS_DIR/PBS_power.json)")
     install.add_argument("--hooks-dir", metavar="DIR",
@@ -167,18 +175,31 @@ def _plan(args: argparse.Namespace) -> tuple:
             "custom resources %s are kept: jobs and nodes may still reference them "
             "(--remove-resources deletes them)" % ", ".join(n for n, _ in pi.RESOURCES)]
         notes += _hosts_left_down(args.config)
-        return pi.uninstall_steps(args.remove_resources), None, notes
+        steps = pi.uninstall_steps(args.remove_resources)
+        if not args.no_power_provisioning:
+            steps += pi.provisioning_steps(False)
+        return steps, None, notes
     hooks_dir = _hooks_dir(args.hooks_dir)
     config = args.config or os.path.join(hooks_dir, pi.DEFAULT_CONFIG_NAME)
     prepared = prepare_config(config, args.python_path, args.output_config, keep=not args.apply)
     try:
         from pbs_power.config.hook_config import load_config
-        steps = pi.install_steps(hooks_dir, prepared.path,
-                                 load_config(prepared.path).cycle_interval)
+        loaded = load_config(prepared.path)
+        steps = pi.install_steps(hooks_dir, prepared.path, loaded.cycle_interval)
     except pi.InstallError:
         _cleanup(prepared)
         raise
-    return steps, prepared, list(prepared.notes)
+    notes = list(prepared.notes)
+    if args.no_power_provisioning:
+        notes.append("power_provisioning left as it is: without it a job that needs a "
+                     "sleeping vnode holds no reservation while its vnodes wake")
+    elif loaded.job_policies.eoe_policies:
+        notes.append("power_provisioning left off: job_policies.eoe_policies is set, and with "
+                     "it on the scheduler runs a job that requests an eoe only on vnodes with "
+                     "power_provisioning (src/scheduler/node_info.cpp is_powerok)")
+    else:
+        steps += pi.provisioning_steps(True)
+    return steps, prepared, notes
 
 
 def _hosts_left_down(config: Optional[str]) -> List[str]:

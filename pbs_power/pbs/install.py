@@ -65,6 +65,20 @@ HOOKS: Tuple[HookSpec, ...] = (
 )
 
 
+#: OpenPBS's own power hook. Its ``enabled`` flag is the server's
+#: power_provisioning (src/server/svr_func.c set_srv_pwr_prov_attribute), the
+#: only way to make the scheduler calendar sleeping vnodes (at now + 600 s,
+#: src/scheduler/simulate.cpp create_events). Without it a job that needs a
+#: sleeping vnode gets no start estimate and holds nothing: narrower jobs
+#: take the vnodes woken for it. An install enables it with no events, so it
+#: never runs; the flag is recomputed only when the hook has a periodic event
+#: (src/server/hook_func.c) or at server start, hence the event set and unset.
+PROVISIONING_HOOK = "PBS_power"
+#: Its events as shipped (PBS_power.HK), given back by an uninstall.
+PROVISIONING_HOOK_EVENTS = ("periodic,execjob_prologue,execjob_epilogue,exechost_periodic,"
+                            "exechost_startup,execjob_begin,execjob_end")
+
+
 @dataclass(frozen=True)
 class Step:
     """One qmgr command, maybe guarded by a ``list`` probe.
@@ -127,6 +141,22 @@ def install_steps(hooks_dir: str, config_path: str, freq: int = DEFAULT_FREQ) ->
         steps.append(Step("import hook %s application/x-config default %s" % (hook.name, config)))
         steps.append(Step("set hook %s enabled = true" % hook.name))
     return steps
+
+
+def provisioning_steps(on: bool) -> List[Step]:
+    """Turn the server's power_provisioning on (OpenPBS's PBS_power hook enabled
+    with no events, so it never runs) or back off (the hook as shipped, disabled)."""
+    probe = "list pbshook %s" % PROVISIONING_HOOK
+    if on:
+        commands = ["unset pbshook %s event" % PROVISIONING_HOOK,
+                    "set pbshook %s enabled = true" % PROVISIONING_HOOK,
+                    "set pbshook %s event = periodic" % PROVISIONING_HOOK,
+                    "unset pbshook %s event" % PROVISIONING_HOOK]
+    else:
+        commands = ["set pbshook %s enabled = false" % PROVISIONING_HOOK,
+                    "set pbshook %s event = %s" % (PROVISIONING_HOOK,
+                                                   qmgr_value(PROVISIONING_HOOK_EVENTS))]
+    return [Step(command, probe, "present") for command in commands]
 
 
 def install_commands(hooks_dir: str, config_path: str, freq: int = DEFAULT_FREQ) -> List[str]:

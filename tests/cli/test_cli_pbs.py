@@ -26,7 +26,9 @@ SHIPPED_CONFIG = ROOT / "hooks" / "PBS_power.json"
 FAKE_QMGR = r'''#!{python} -IS
 import marshal, os, sys
 STATE = {state!r}
-EVENTS = {{"periodic", "runjob", "jobobit", "provision", "queuejob", "modifyjob", "execjob_begin"}}
+EVENTS = {{"periodic", "runjob", "jobobit", "provision", "queuejob", "modifyjob", "execjob_begin",
+          "execjob_prologue", "execjob_epilogue", "exechost_periodic", "exechost_startup",
+          "execjob_end"}}
 HOOK_ATTRS = {{"event", "freq", "alarm", "order", "enabled", "user", "fail_action", "type"}}
 
 def die(msg, code=1):
@@ -78,10 +80,12 @@ if state.get("fail_on") and state["fail_on"] in cmd:
     die("qmgr obj=x svr=default: simulated failure", 7)
 words = cmd.split(" ", 3)
 if len(words) < 3 or words[0] not in ("list", "create", "set", "unset", "import", "delete") \
-        or words[1] not in ("hook", "resource"):
+        or words[1] not in ("hook", "resource", "pbshook"):
     die("qmgr: Illegal operation")
 verb, kind, name, rest = (words + [""])[:4]
-table = state["hooks" if kind == "hook" else "resources"]
+if kind == "pbshook" and verb in ("create", "delete", "import"):
+    die("qmgr: Illegal operation")
+table = state[{{"hook": "hooks", "resource": "resources", "pbshook": "pbshooks"}}[kind]]
 unknown = "qmgr obj=%s svr=default: Unknown %s" % (name, kind)
 if verb == "list":
     if name not in table:
@@ -118,6 +122,11 @@ else:
         import json
         json.loads(content)
     table[name]["script" if ctype == "application/x-python" else "config"] = content
+if kind == "pbshook" and verb in ("set", "unset") \
+        and "periodic" in table[name].get("event", "").split(","):
+    # power_provisioning follows PBS_power's enabled flag, recomputed only when
+    # the hook has a periodic event (src/server/hook_func.c, svr_func.c)
+    state["server"]["power_provisioning"] = table[name].get("enabled") == "true"
 save(state)
 '''
 
@@ -145,7 +154,9 @@ class FakePBS:
         self.exec_dir = tmp / "pbs"
         (self.exec_dir / "bin").mkdir(parents=True)
         self.state = tmp / "qmgr_state.marshal"
-        self.write({"hooks": {}, "resources": {}, "log": []})
+        self.write({"hooks": {}, "resources": {}, "log": [], "server": {
+            "power_provisioning": False}, "pbshooks": {"PBS_power": {
+                "enabled": "false", "event": pi.PROVISIONING_HOOK_EVENTS}}})
         write_exe(self.exec_dir / "bin" / "qmgr",
                   FAKE_QMGR.format(python=sys.executable, state=str(self.state)))
         self.hooks = tmp / "hooks"
@@ -202,6 +213,10 @@ def expected_commands(hooks: Path, config: Path) -> list:
     return out
 
 
+PROVISIONING_ON = ["unset pbshook PBS_power event", "set pbshook PBS_power enabled = true",
+                   "set pbshook PBS_power event = periodic", "unset pbshook PBS_power event"]
+
+
 # -- the plan --------------------------------------------------------------------
 def test_install_commands_are_exactly_these(tmp_path):
     hooks, config = tmp_path / "hooks", tmp_path / "config.json"
@@ -255,7 +270,7 @@ def test_print_mode_prints_copyable_lines_and_runs_nothing(fake, capsys):
     assert code == 0, err
     qmgr = str(fake.exec_dir / "bin" / "qmgr")
     lines = [line for line in out.splitlines() if not line.startswith("#")]
-    expected = expected_commands(fake.hooks, fake.config)
+    expected = expected_commands(fake.hooks, fake.config) + PROVISIONING_ON
     assert lines == ["%s -c '%s'" % (qmgr, c) for c in expected]
     assert "'set hook pbs_power_job event = \"queuejob,modifyjob,runjob,jobobit\"'" in out
     assert "python_path: /opt/pbs_power/lib" in out  # the config's own, imported as is
