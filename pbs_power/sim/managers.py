@@ -139,6 +139,13 @@ class SimBackend(PowerBackend):
         return node.changed + self.engine.model.power_on_seconds
 
 
+_DOWN_ASLEEP = frozenset({"down", "sleep"})
+_DOWN = frozenset({"down"})
+_ASLEEP = frozenset({"sleep"})
+_BUSY = frozenset({"job-exclusive"})
+_FREE = frozenset({"free"})
+
+
 class PbsPower(Manager):
     """Our own hook's cycle, fed the snapshot a PBS server would show.
 
@@ -158,6 +165,10 @@ class PbsPower(Manager):
     """
 
     name = "pbs-power"
+    #: ``pbs-power pbs install`` turns the server's power_provisioning on, so
+    #: the calendar has sleeping vnodes up at now + 600 s; the hook keeps a
+    #: booting host's sleep mark until its MoM registers.
+    calendar_sleep = 600.0
 
     def __init__(self, config: HookConfig, cycle: float, log=None, skip_quiet: bool = True,
                  prune: bool = True, forecast: bool = False):
@@ -250,7 +261,7 @@ class PbsPower(Manager):
                 until = min(until, t.started + self.cfg.boot_timeout)
                 if node.state == BOOTING:        # its BMC reports it on then
                     until = min(until, backend.powered_on_at(node))
-            elif (t.phase is Phase.BOOTING and node.state == BOOTING and not node.marked
+            elif (t.phase is Phase.BOOTING and node.state == BOOTING
                   and not node.failed):          # the scheduler shows it down until up
                 until = min(until, t.started + self.cfg.boot_timeout)
             elif t.phase is Phase.POWERING_DOWN and state is not (
@@ -371,14 +382,12 @@ class PbsPower(Manager):
             return cached[1]
         if node.failed:
             states = frozenset({"offline"})
-        elif node.marked or node.state in (DOWN, SHUTTING):
-            states = frozenset({"sleep"})
-        elif node.state == BOOTING:
-            states = frozenset({"down"})          # on, its MoM not up yet
-        elif node.state in (BUSY, HELD):
-            states = frozenset({"job-exclusive"})
+        elif node.state in (DOWN, BOOTING):       # its MoM is gone: pbs_server shows it down
+            states = _DOWN_ASLEEP if node.marked else _DOWN
+        elif node.marked or node.state == SHUTTING:
+            states = _ASLEEP
         else:
-            states = frozenset({"free"})
+            states = _BUSY if node.state in (BUSY, HELD) else _FREE
         jobs = (self.engine.job_ids[node.job],) if node.job is not None else ()
         vnode = Vnode(node.name, node.name, states, poweroff_eligible=True,
                       last_used_time=node.idle_since, last_state_change_time=node.changed,

@@ -48,11 +48,13 @@ def test_pbs_power_drains_in_one_cycle_and_powers_off_in_the_next():
 def test_a_host_its_bmc_reports_on_frees_its_slot_before_its_system_is_up():
     # max_concurrent_nodes=2, all four nodes off by 900. Z (4 nodes) arrives
     # at 10000: the 10020 run powers on n00001-2. Their BMCs report them on at
-    # 10030 (power_on_seconds 10), so the 10080 run clears their sleep marks
-    # (booting, they hold no slot) and powers on n00003-4, 240 s before the
-    # first pair is up. All four are up by 10080 + 300 and Z starts then; a
-    # BMC that reported "on" only once the system was up would have held the
-    # slots until 10320 and started Z at 10620.
+    # 10030 (power_on_seconds 10), so at the 10080 run they are booting (they
+    # hold no slot; shown down, they keep their sleep mark) and it powers on
+    # n00003-4, 240 s before the first pair is up. Each sleep mark goes when
+    # the node's MoM registers at its boot's end (10320, 10380: the "wake"
+    # entries), and Z starts at 10380; a BMC that reported "on" only once the
+    # system was up would have held the slots until 10320 and started Z at
+    # 10620.
     config = default_config(node_idle_limit=600, max_concurrent_nodes=2,
                             min_node_down_delay=0, cycle_interval=60)
     e = run([job("A", 0, 4, 100), job("Z", 10000, 4, 10)], 4, PbsPower(config, 60))
@@ -60,8 +62,8 @@ def test_a_host_its_bmc_reports_on_frees_its_slot_before_its_system_is_up():
     assert [entry for entry in e.log if entry[0] >= 10000] == [
         (10020.0, "up", "n00001"), (10020.0, "up", "n00002"),
         (10080.0, "up", "n00003"), (10080.0, "up", "n00004"),
-        (10080.0, "wake", "n00001"), (10080.0, "wake", "n00002"),
-        (10140.0, "wake", "n00003"), (10140.0, "wake", "n00004")]
+        (10320.0, "wake", "n00001"), (10320.0, "wake", "n00002"),
+        (10380.0, "wake", "n00003"), (10380.0, "wake", "n00004")]
     assert starts(e)["Z"] == 10380.0
 
 
