@@ -535,6 +535,7 @@ def test_install_page_lists_exactly_the_install_commands():
     listed = re.findall(r"^qmgr -c '(.*)'$", page, re.M)
     expected = pbs_install.install_commands("/opt/pbs_power/lib/share/pbs-power/hooks",
                                             "/etc/pbs_power.json")
+    expected += [step.command for step in pbs_install.provisioning_steps(True)]
     assert listed == expected
 
 
