@@ -10,7 +10,8 @@ from typing import Any, Dict, Optional
 from pbs_power.config.hook_config import ConfigError, load_config
 
 MANAGER_HELP = ("always-on (the baseline: never powers down), pbs-power (this "
-                "package's hook logic), slurm (slurmctld's power save: SuspendTime = "
+                "package's hook logic, on a PBS server with power_provisioning on, as "
+                "pbs install sets it), slurm (slurmctld's power save: SuspendTime = "
                 "node_idle_limit, SuspendRate 60 and ResumeRate 300 per minute as tokens "
                 "refilled every 10 s pass, resume on allocation, ResumeTimeout 600 s, "
                 "SuspendExcNodes=ALL:min_idle_nodes), openpbs (OpenPBS's PBS_power hook "
