@@ -102,6 +102,7 @@ class Engine(Scheduling, PowerEvents):
         #: reservation waits for that moving time.
         self.calendar_sleep: Optional[float] = manager.calendar_sleep
         self._shadow_moves = False
+        self._top_width = 0
         self.done = 0
         #: Bumped by every change a power manager could see (node states,
         #: marks, failures, arrivals); lets a manager know nothing moved.

@@ -88,7 +88,7 @@ class Scheduling:
     def _schedule(self, t: float) -> None:
         if not self._dirty:
             new, self._new = self._new, []
-            if not (new and self._shadow_moves):
+            if not (new and self._shadow_moves and not self._moved_alike(t)):
                 if new and self.startable():
                     self._backfill_new(new, t)
                     return
@@ -96,8 +96,8 @@ class Scheduling:
                     return
             # Nothing can start, but a new job may be the new top job: the
             # full pass gives it its reservation (and notes a power wait).
-            # Or the top job's reservation waits for sleeping vnodes, which
-            # the calendar has up at now + calendar_sleep: it moved since.
+            # Or the top job's reservation, which waits for sleeping vnodes
+            # up at now + calendar_sleep, moved otherwise than in step.
         self._dirty = False
         self._new = []
         queue = self.queue
@@ -105,7 +105,7 @@ class Scheduling:
             return
         avail = self.startable()
         shadow = extra = None
-        started = 0
+        started = top_width = 0
         for j in queue:
             if avail <= 0 and shadow is not None:
                 break
@@ -125,6 +125,7 @@ class Scheduling:
                     # (src/scheduler/fifo.cpp: add_job_to_calendar failed,
                     # "continue on", num_topjobs unchanged).
                     shadow = None
+                top_width = width
                 continue
             if width <= avail and (t + self.wall[j] <= shadow or width <= extra):
                 self._allocate(j, t)
@@ -135,8 +136,21 @@ class Scheduling:
         self._shadow = (shadow if shadow is not None else INF, extra or 0)
         self._shadow_moves = (shadow is not None and self.calendar_sleep is not None
                               and not self.slurm and shadow == t + self.calendar_sleep)
+        self._top_width = top_width
         if started:
             self._drop_started()
+
+    def _moved_alike(self, t: float) -> bool:
+        """Whether the top job's moving reservation is, at ``t``, the last pass's
+        moved along: still at now + calendar_sleep with the same spare nodes.
+        Then no queued job's chance changed (a job ends by then if its
+        walltime is at most calendar_sleep, at any ``t``): only new jobs need
+        trying, against it."""
+        shadow, extra = self.shadow(self._top_width, t)
+        if shadow != t + self.calendar_sleep or extra != self._shadow[1]:
+            return False
+        self._shadow = (shadow, extra)
+        return True
 
     def _drop_started(self) -> None:
         """Take jobs that started or hold nodes out of the queue."""
