@@ -178,6 +178,10 @@ class Cycle:
         rec = reconcile(snapshot, statuses, self.config, now)
         for o in rec.remark_sleep:
             report.marks.append(Mark(o.transition.host, sleep=True))
+        for o in rec.mark_lost:
+            report.marks.append(Mark(o.transition.host, sleep=True))
+            self.log("info", "%s: %s: %s" % (o.transition.host, o.transition.kind.value,
+                                             o.reason))
         for o in rec.cancelled:
             self._finish(o, report, now, "info", "%s: %s; handed back")
             report.marks.append(Mark(o.transition.host, sleep=False))

@@ -52,6 +52,7 @@ class Reconciliation:
     cancelled: Tuple[Outcome, ...] = ()      # drain aborted: clear the sleep mark
     came_up: Tuple[Outcome, ...] = ()        # backend says on: clear the sleep mark
     booting: Tuple[Outcome, ...] = ()        # backend says on, MoM not back: keep the mark
+    mark_lost: Tuple[Outcome, ...] = ()      # coming up, mark gone, MoM not back: set again
     completed: Tuple[Outcome, ...] = ()      # finished; seconds = measured duration
     timed_out: Tuple[Outcome, ...] = ()      # failed: take the host offline
     vanished: Tuple[Outcome, ...] = ()       # host no longer known to the scheduler
@@ -118,6 +119,16 @@ def _powering_down(t, status, config, now):
     return "waiting", Outcome(t)
 
 
+def _mark_lost(t, vnodes) -> Optional[Tuple[str, Outcome]]:
+    """A host coming up whose sleep mark is gone while its MoM is not back
+    (a server restart shows it state-unknown,down): marked again, so that a
+    scheduler with power_provisioning keeps counting it for its job."""
+    if all(not v.asleep and v.states & MOM_GONE_STATES and not v.jobs for v in vnodes):
+        return "mark_lost", Outcome(t, "sleep mark lost while it comes up (e.g. a server "
+                                       "restart): marked sleep again")
+    return None
+
+
 def _powering_up(t, vnodes, status, config, now):
     if status is not None and status.state is PowerState.ON:
         if any(v.asleep and v.states & MOM_GONE_STATES for v in vnodes):
@@ -127,7 +138,7 @@ def _powering_up(t, vnodes, status, config, now):
     if now - t.started > config.boot_timeout:
         return "timed_out", Outcome(t, "did not power on within boot_timeout=%ds%s"
                                     % (config.boot_timeout, _reported(status)))
-    return "waiting", Outcome(t)
+    return _mark_lost(t, vnodes) or ("waiting", Outcome(t))
 
 
 def _booting(t, vnodes, config, now):
@@ -145,7 +156,7 @@ def _booting(t, vnodes, config, now):
                                     % (states, config.boot_timeout))
     if any(v.asleep for v in vnodes) and not any(v.states & MOM_GONE_STATES for v in vnodes):
         return "came_up", Outcome(t, "sleep mark still visible; clearing it")
-    return "waiting", Outcome(t)
+    return _mark_lost(t, vnodes) or ("waiting", Outcome(t))
 
 
 def _reported(status) -> str:

@@ -169,6 +169,20 @@ def test_sleep_marks_are_back_one_cycle_after_a_server_restart(site, tmp_path):
     assert sum("power_on sent: job 16.pbssvr" in l for l in rec["log"]) == 1, rec["log"]
 
 
+def test_a_host_booting_through_a_server_restart_is_marked_again(site, tmp_path):
+    now = T0 + 10 * CYCLE
+    queue(site, "17.pbssvr", "1:ncpus=4")
+    assert sum("power_on sent" in l for l in cycle(site, tmp_path, now)["log"]) == 1
+    woken = sorted(h for h, s in states(site).items() if "sleep" in s and
+                   powered(tmp_path, now + CYCLE)[h] == "transitioning")
+    assert len(woken) == 1
+    c.restart_server(site, moms_gone=HOSTS)          # all off or booting: no MoM back
+    rec = cycle(site, tmp_path, now + CYCLE)
+    assert any("%s: power_on: sleep mark lost while it comes up" % woken[0] in l
+               for l in rec["log"]), rec["log"]
+    assert sorted(states(site)[woken[0]]) == ["down", "sleep", "state-unknown"]
+
+
 def test_sleep_marks_are_back_after_a_restart_while_moms_still_answer(site, tmp_path):
     c.restart_server(site)          # a site script that cuts power but leaves MoMs up
     assert states(site) == {h: ["free"] for h in HOSTS}

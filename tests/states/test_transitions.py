@@ -85,6 +85,20 @@ def test_a_host_on_whose_mom_is_not_back_keeps_its_sleep_mark_while_it_boots():
         assert bucket(reconcile(booting, {}, CFG, NOW), "a") == "waiting"
 
 
+def test_a_host_coming_up_whose_mark_a_restart_dropped_is_marked_again():
+    # A server restart forgets sleep marks; a host whose MoM is not back shows
+    # state-unknown,down. While powering up or booting it is marked again.
+    for phase in (Phase.POWERING_UP, Phase.BOOTING):
+        snap = Snapshot((v("a", "state-unknown", "down"),),
+                        transitions=(t("a", K.POWER_ON, phase),))
+        rec = reconcile(snap, {"a": Status(PowerState.TRANSITIONING, None)}, CFG, NOW)
+        assert bucket(rec, "a") == "mark_lost", phase
+    # Not a host that shows up, nor one whose mark is there.
+    for states in (("free",), ("down", "sleep")):
+        snap = Snapshot((v("a", *states),), transitions=(t("a", K.POWER_ON, Phase.BOOTING),))
+        assert bucket(reconcile(snap, {}, CFG, NOW), "a") in ("completed", "waiting")
+
+
 def test_host_that_never_powers_on_times_out_after_boot_timeout():
     snap = Snapshot((v("a", "sleep"),),
                     transitions=(t("a", K.POWER_ON, Phase.POWERING_UP, started=NOW - 1801),))
@@ -100,7 +114,7 @@ def test_booting_completes_when_scheduler_sees_it_usable_with_its_own_timestamp(
 
 
 def test_booting_host_still_down_waits_then_times_out():
-    snap = Snapshot((v("a", "down"),),
+    snap = Snapshot((v("a", "down", "sleep"),),
                     transitions=(t("a", K.POWER_ON, Phase.BOOTING, started=NOW - 500),))
     assert bucket(reconcile(snap, {}, CFG, NOW), "a") == "waiting"
     late = Snapshot(snap.vnodes, transitions=(t("a", K.POWER_ON, Phase.BOOTING,
