@@ -29,7 +29,6 @@ from .demand import checked_resources, vnode_space
 from .log import LogFn
 from .placement import VnodeSpace
 
-
 #: Seconds the detached poke waits: the server applies the hook's vnode changes after it exits.
 POKE_DELAY = 5.0
 POKE_MODULE = "pbs_power.pbs.poke"

@@ -187,10 +187,10 @@ class Cycle:
             report.marks.append(Mark(o.transition.host, sleep=False))
         for o in rec.vanished:
             self._finish(o, report, now, "warning", "%s: forgetting transition: %s")
-        for o in rec.came_up + rec.booting:
+        for o in rec.came_up:
+            report.marks.append(Mark(o.transition.host, sleep=False))
+        for o in rec.came_up + rec.booting:       # booting: the mark stays until its MoM is back
             self.store.put_transition(o.transition.advanced(Phase.BOOTING, now))
-            if o in rec.came_up:
-                report.marks.append(Mark(o.transition.host, sleep=False))
             self.log("info", "%s: %s: %s" % (o.transition.host, o.transition.kind.value,
                                              o.reason))
         for o in rec.completed:

@@ -19,11 +19,11 @@ OFFLINE = "offline"
 DOWN = "down"
 BUSY_STATES = frozenset({"job-busy", "job-exclusive", "resv-exclusive", "busy"})
 _FREE_ONLY = frozenset({FREE})
-#: States in which a vnode cannot take work for reasons other than power.
 #: What pbs_server shows on a vnode whose MoM it cannot reach (its host off or
 #: booting): ``down``, and ``state-unknown`` after a server restart until the
 #: MoM registers, which clears them and the sleep mark alike.
 MOM_GONE_STATES = frozenset({DOWN, "state-unknown"})
+#: States in which a vnode cannot take work for reasons other than power.
 UNAVAILABLE_STATES = frozenset({
     DOWN, OFFLINE, "stale", "state-unknown", "unresolvable", "maintenance",
     "provisioning", "wait-provisioning", "initializing", "deleted",
@@ -102,6 +102,11 @@ class Vnode:
     def idle(self) -> bool:
         """Free with nothing on it: the only state from which we power down."""
         return self.states == _FREE_ONLY and not self.jobs
+
+    @property
+    def mom_gone(self) -> bool:
+        """The server cannot reach its MoM (the host is off or booting)."""
+        return bool(self.states & MOM_GONE_STATES)
 
     @property
     def usable(self) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import HookConfig
-from .model import (FREE, MOM_GONE_STATES, SLEEP, Phase, PowerState, Snapshot, Transition,
+from .model import (FREE, SLEEP, Phase, PowerState, Snapshot, Transition,
                     TransitionKind, Vnode, evolve, hosts_of)
 
 #: Cycles a drain may wait for the scheduler to show the sleep mark.
@@ -123,7 +123,7 @@ def _mark_lost(t, vnodes) -> Optional[Tuple[str, Outcome]]:
     """A host coming up whose sleep mark is gone while its MoM is not back
     (a server restart shows it state-unknown,down): marked again, so that a
     scheduler with power_provisioning keeps counting it for its job."""
-    if all(not v.asleep and v.states & MOM_GONE_STATES and not v.jobs for v in vnodes):
+    if all(not v.asleep and v.mom_gone and not v.jobs for v in vnodes):
         return "mark_lost", Outcome(t, "sleep mark lost while it comes up (e.g. a server "
                                        "restart): marked sleep again")
     return None
@@ -131,7 +131,7 @@ def _mark_lost(t, vnodes) -> Optional[Tuple[str, Outcome]]:
 
 def _powering_up(t, vnodes, status, config, now):
     if status is not None and status.state is PowerState.ON:
-        if any(v.asleep and v.states & MOM_GONE_STATES for v in vnodes):
+        if any(v.asleep and v.mom_gone for v in vnodes):
             return "booting", Outcome(t, "backend reports it on; sleep mark kept "
                                          "until its MoM is back")
         return "came_up", Outcome(t, "backend reports it on")
@@ -154,7 +154,7 @@ def _booting(t, vnodes, config, now):
         return "timed_out", Outcome(t, "powered on but the scheduler still shows "
                                        "it %s after boot_timeout=%ds"
                                     % (states, config.boot_timeout))
-    if any(v.asleep for v in vnodes) and not any(v.states & MOM_GONE_STATES for v in vnodes):
+    if any(v.asleep for v in vnodes) and not any(v.mom_gone for v in vnodes):
         return "came_up", Outcome(t, "sleep mark still visible; clearing it")
     return _mark_lost(t, vnodes) or ("waiting", Outcome(t))
 
