@@ -67,8 +67,10 @@ class Scheduling:
         have = self.potential()
         if width <= have:
             return t, have - width
+        # (time, job) as nodes come free; job -1: one node; len(width), after
+        # any job ending at the same time: every sleeping one
         ends: Iterable[Tuple[float, int]] = self.ends
-        width_of = self.width
+        width_of, asleep_key, asleep = self.width, len(self.width), 0
         if self.slurm:
             if self.shutting_until:
                 ends = heapq.merge(ends, sorted((u, -1) for u in self.shutting_until.values()))
@@ -77,10 +79,9 @@ class Scheduling:
             if width > have + self.count[BUSY] + asleep:
                 return INF, 0                  # no start time estimate
             if asleep:
-                width_of = self.width + [asleep]
-                ends = heapq.merge(ends, [(t + self.calendar_sleep, len(self.width))])
+                ends = heapq.merge(ends, [(t + self.calendar_sleep, asleep_key)])
         for end, j in ends:
-            have += width_of[j] if j >= 0 else 1
+            have += 1 if j < 0 else (asleep if j == asleep_key else width_of[j])
             if have >= width:
                 return max(end, t), have - width
         return INF, 0
