@@ -14,7 +14,7 @@ import re
 import subprocess
 import time
 from dataclasses import replace
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from pbs_power.states.model import QueuedJob, Reservation, Snapshot, Vnode
 from .attributes import parse_exec_vnode, parse_qstat_time
@@ -176,7 +176,7 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
     before leaves every node as it was.
     """
     from pbs_power.config.hook_config import ConfigError, load_config
-    from pbs_power.states.cycle import Cycle
+    from pbs_power.states.cycle import Cycle, boot_times, up_seconds
     from pbs_power.devices import get_backend
     from pbs_power.states.store import Store
 
@@ -205,7 +205,8 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
         try:
             doc = query_jobs_json(conf["PBS_EXEC"])
             jobs, live = demand_from(pbs, event.vnode_list, doc, config, conf, now, log,
-                                     waking), live_job_ids_from(doc)
+                                     waking, up_seconds(boot_times(store), config)), \
+                live_job_ids_from(doc)
         except (QueryError, KeyError) as exc:
             log("error", "queued jobs unknown (%s); no host is taken down this cycle" % exc)
             jobs, query_failed = (), True
@@ -232,15 +233,17 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
 
 def demand_from(pbs, vnode_list: Dict[str, Any], doc: Dict[str, Any], config,
                 conf: Dict[str, str], now: float, log: LogFn,
-                waking: Iterable[str] = ()) -> Tuple[QueuedJob, ...]:
+                waking: Iterable[str] = (),
+                boot_seconds: Optional[Mapping[str, float]] = None) -> Tuple[QueuedJob, ...]:
     """Queued jobs' needs: the forecast onto free, sleeping and freed vnodes, else
-    PBS's estimates; ``waking``: hosts being brought up (counted on first)."""
+    PBS's estimates; ``waking``: hosts being brought up (counted on first), then
+    the sleeping hosts that boot fastest by ``boot_seconds`` (measured)."""
     from .demand import queued_demand
     from .scheduler import host_name, queue_priorities, sched_checked, vnode_spaces
     spaces = vnode_spaces(pbs, vnode_list, state_names, host_name)
     return queued_demand(doc, spaces, now, config.cycle_interval,
                          sched_checked(conf.get("PBS_HOME")), queue_priorities(pbs),
-                         parse_qstat_time, parse_exec_vnode, log, waking)
+                         parse_qstat_time, parse_exec_vnode, log, waking, boot_seconds)
 
 
 def _pbs_conf(pbs) -> Dict[str, str]:

@@ -10,7 +10,7 @@ are marked asleep, down or coming up show as ``sleep``. The hook's
 """
 from __future__ import annotations
 
-from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from pbs_power.pbs.demand import waking_first
 from pbs_power.pbs.forecast import Release, forecast_starts
@@ -32,7 +32,8 @@ class HookView:
         self._index = {n.name: n for n in engine.nodes}
         self._last: Optional[tuple] = None
 
-    def forecast(self, now: float, waking: Iterable[str]
+    def forecast(self, now: float, waking: Iterable[str],
+                 boot_seconds: Optional[Mapping[str, float]] = None
                  ) -> List[Tuple[int, float, List[Node]]]:
         """(job, start, nodes) per queued job the hook's forecast places; start
         ``now`` for a job that starts now. The answer is what the hook computes
@@ -41,9 +42,9 @@ class HookView:
         engine = self.engine
         if not engine.queue:
             return []
-        key = (engine.version, frozenset(waking))
+        key = (engine.version, frozenset(waking), boot_seconds)
         if self._last is None or self._last[0] != key or now > self._last[2]:
-            result = self._compute(now, key[1])
+            result = self._compute(now, key[1], boot_seconds)
             self._last = (key, result, self._holds_until(now, result))
         return [(j, now if start is None else max(start, now), nodes)
                 for j, start, nodes in self._last[1]]
@@ -66,7 +67,8 @@ class HookView:
                 until = latest
         return until
 
-    def _compute(self, now: float, waking: FrozenSet[str]
+    def _compute(self, now: float, waking: FrozenSet[str],
+                 boot_seconds: Optional[Mapping[str, float]] = None
                  ) -> List[Tuple[int, Optional[float], List[Node]]]:
         engine = self.engine
         room = self._room()
@@ -76,7 +78,7 @@ class HookView:
             return []
         requests = [self._request(j) for j in engine.queue]
         width = sum(engine.width[j] for j in engine.queue)
-        spaces = waking_first(room, waking)
+        spaces = waking_first(room, waking, boot_seconds)
         # A job takes whole 1-ncpus vnodes in order, so no fit reaches past
         # the first `width` awake and the first `width` sleeping ones.
         awake = [s for s in spaces if not s.asleep][:width]

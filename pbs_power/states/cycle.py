@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from pbs_power.config.hook_config import HookConfig
+from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
 from . import journal
 from .model import (BootTimes, Phase, Plan, PowerState, RampStep, Snapshot, Transition,
                     TransitionKind, evolve, hosts_of)
@@ -353,6 +353,14 @@ def boot_times(store) -> BootTimes:
     times.longest = max((secs for per in times.values() for secs in per.values()),
                         default=None)
     return times
+
+
+def up_seconds(times: Mapping[str, Mapping[str, float]], config: HookConfig) -> Dict[str, float]:
+    """Each measured host's seconds to come back up in ``config``'s mode (power-on,
+    or wake in ramp-rate mode); the fleet's estimate left out."""
+    kind = (TransitionKind.WAKE if config.mode == MODE_RAMP_RATE
+            else TransitionKind.POWER_ON).value
+    return {host: per[kind] for host, per in times.items() if host != FLEET and kind in per}
 
 
 def fleet_estimates(store) -> Dict[str, float]:

@@ -100,6 +100,19 @@ def test_sleeping_vnodes_being_woken_are_counted_on_first():
     assert out == {"1.s": (None, ("n3", "n2"))}
 
 
+def test_sleeping_vnodes_not_being_woken_go_fastest_measured_boot_first():
+    spaces = [vnode("n%d" % i, asleep=True) for i in range(1, 6)] + [vnode("n6")]
+    boots = {"n1": 400.0, "n2": 90.0, "n4": 250.0}      # n3, n5: never measured
+    ordered = waking_first(spaces, ["n1"], boots)
+    # n1 is being woken: first whatever its boot; the rest by boot, an
+    # unmeasured host as the median of the measured ones (250 s), ties in order
+    assert [s.name for s in ordered] == ["n1", "n6", "n2", "n3", "n4", "n5"]
+    assert [s.name for s in waking_first(spaces, [], {})] == ["n6", "n1", "n2", "n3",
+                                                              "n4", "n5"]
+    out = starts([job("1.s", "3:ncpus=4")], waking_first(spaces, [], boots), [])
+    assert out == {"1.s": (None, ("n6", "n2", "n3"))}
+
+
 # -- from qstat ------------------------------------------------------------------
 
 def ctime(epoch):

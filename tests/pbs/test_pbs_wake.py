@@ -114,6 +114,19 @@ def test_a_job_needing_two_sleeping_hosts_wakes_exactly_them(site, tmp_path):
     assert all(line.split(";", 2)[2].startswith("pbs_power: ") for line in logs)
 
 
+def test_a_job_wakes_the_hosts_measured_to_boot_fastest(site, tmp_path):
+    # Boots measured on earlier wakes: n3 and n4 come up in half the time of
+    # n1 and n2, so a two-host job waits least on them.
+    with Store.open(str(tmp_path / "state")) as store:
+        for host, seconds in (("n1", 240), ("n2", 200), ("n3", 110), ("n4", 100)):
+            store.record_duration(host, "power_on", T0 - 3600, seconds)
+    queue(site, "10.pbssvr", "2:ncpus=4", "scatter")
+    rec = cycle(site, tmp_path, T0 + 10 * CYCLE)
+    sent = sorted(l.split("pbs_power: ", 1)[1].split(":")[0] for l in rec["log"]
+                  if "power_on sent" in l)
+    assert sent == ["n3", "n4"], rec["log"]
+
+
 def test_a_run_that_changes_marks_asks_for_a_scheduling_cycle(tmp_path):
     c.write_hook_config(tmp_path / "pbs_power.json", {
         "power_on_off_enable": True, "node_idle_limit": 1800, "min_node_down_delay": 0,

@@ -496,3 +496,26 @@ def test_pbs_power_acts_on_the_hook_s_own_forecast_of_what_qstat_shows():
     assert [(q.id, q.estimated_start, q.vnodes) for q in got] == [
         ("C", 500.0, ("n00001", "n00002", "n00004", "n00005", "n00006")),
         ("D", 100.0, ("n00004",))]
+
+
+def test_the_simulated_hook_wakes_the_hosts_measured_to_boot_fastest():
+    # Four nodes: A runs on n00001, n00002-4 are powered down, with boots
+    # measured at 300, 120 and 200 s. X (2 nodes) waits: the hook's forecast,
+    # fed the store's measurements as the real hook is, puts it on n00003
+    # and n00004, the two quickest to come up.
+    manager = PbsPower(default_config(node_idle_limit=600), 60)
+    e = Engine([job("A", 0, 1, 900, 900), job("X", 0, 2, 100, 100)], make_nodes(4, MODEL),
+               MODEL, manager)
+    manager.attach(e)
+    for node in e.nodes[1:]:
+        e._set(node, DOWN)
+        e._from_pool(node)
+    e.queue = [0]
+    e._schedule(0.0)
+    e.queue = [1]
+    e.version += 1
+    for name, seconds in (("n00002", 300.0), ("n00003", 120.0), ("n00004", 200.0)):
+        manager.store.record_duration(name, "power_on", -1000.0, seconds)
+    got = manager.snapshot(100.0).queued_jobs
+    assert [(q.id, q.estimated_start, q.vnodes) for q in got] == [
+        ("X", 100.0, ("n00003", "n00004"))]
