@@ -78,7 +78,7 @@ class HookView:
             return []
         requests = [self._request(j) for j in engine.queue]
         width = sum(engine.width[j] for j in engine.queue)
-        spaces = waking_first(room, waking, boot_seconds)
+        spaces = waking_first(room, waking, boot_seconds, width)
         # A job takes whole 1-ncpus vnodes in order, so no fit reaches past
         # the first `width` awake and the first `width` sleeping ones.
         awake = [s for s in spaces if not s.asleep][:width]

@@ -355,12 +355,23 @@ def boot_times(store) -> BootTimes:
     return times
 
 
-def up_seconds(times: Mapping[str, Mapping[str, float]], config: HookConfig) -> Dict[str, float]:
+class MeasuredBoots(dict):
+    """Host -> measured seconds to come back up, with ``typical``: their median (low)."""
+
+    typical: Optional[float] = None
+
+
+def up_seconds(times: Mapping[str, Mapping[str, float]], config: HookConfig) -> MeasuredBoots:
     """Each measured host's seconds to come back up in ``config``'s mode (power-on,
     or wake in ramp-rate mode); the fleet's estimate left out."""
     kind = (TransitionKind.WAKE if config.mode == MODE_RAMP_RATE
             else TransitionKind.POWER_ON).value
-    return {host: per[kind] for host, per in times.items() if host != FLEET and kind in per}
+    out = MeasuredBoots((host, per[kind]) for host, per in times.items()
+                        if host != FLEET and kind in per)
+    if out:
+        values = sorted(out.values())
+        out.typical = values[(len(values) - 1) // 2]
+    return out
 
 
 def fleet_estimates(store) -> Dict[str, float]:
