@@ -73,11 +73,40 @@ def add_parser(subparsers: Any) -> None:
                    help="node watts by state, overriding --node-type and the config's "
                         "node_power, e.g. busy=450,idle=250,off=10 (states: %s)"
                         % ", ".join(NODE_POWER_KEYS))
+    p.add_argument("--boot-seconds", type=positive_seconds, metavar="S",
+                   help="mean seconds a simulated node takes to boot (default: the node "
+                        "type's ASSUMED 300 s for cpu, 420 s for gpu); set your nodes' own")
+    p.add_argument("--boot-spread", type=spread_fraction, metavar="F",
+                   help="how far each node's own mean boot may lie from --boot-seconds, as "
+                        "a fraction: 0.5 means from half to one and a half times it (default "
+                        "0.5, ASSUMED); 0 gives every node the same boot")
     p.add_argument("--seed", type=int, default=1, help="seed for per-node boot times (1)")
     p.add_argument("--json", action="store_true", help="print one JSON object, no table")
     p.add_argument("--plot", metavar="OUT.png",
                    help="write cluster power and nodes on/asleep/off over time (matplotlib)")
     p.set_defaults(func=run)
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0, for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a number of seconds" % text) from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError("%r: must be a finite number of seconds > 0" % text)
+    return value
+
+
+def spread_fraction(text: str) -> float:
+    """A fraction in [0, 1), for argparse."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("%r is not a fraction" % text) from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError("%r: must be at least 0 and below 1" % text)
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
         trace, jobs, nodes, per_node = _workload(args)
         config = _config(args.config)
         model = _model(args.node_type, config, args.node_power)
+        boots = {k: v for k, v in (("boot_seconds", args.boot_seconds),
+                                   ("boot_spread", args.boot_spread)) if v is not None}
+        model = model.with_overrides(boots) if boots else model
     except (OSError, ValueError, ConfigError) as exc:
         return _fail(str(exc))
     if not jobs:
@@ -115,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
         print("plot written to %s" % args.plot, file=sys.stderr)
     if args.json:
         print(json.dumps(report.as_json(result, trace=trace.name, cycle=cycle,
-                                        node_type=args.node_type)))
+                                        node_type=args.node_type,
+                                        boot_seconds=model.boot_seconds,
+                                        boot_spread=model.boot_spread)))
     else:
         submitted = max(j.submit for j in jobs) - min(j.submit for j in jobs) if jobs else 0.0
         print("%s: %s jobs, %d nodes, %.1f days simulated (jobs submitted over %.1f days, "

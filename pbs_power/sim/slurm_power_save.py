@@ -15,7 +15,8 @@ SLURM_SUSPEND_RATE = 60
 SLURM_RESUME_RATE = 300
 SLURM_PASS_S = 10
 #: ResumeTimeout as a site sets it: above its longest boot (the default, 60 s,
-#: is shorter than most boots and would set every resumed node DOWN).
+#: is shorter than most boots and would set every resumed node DOWN); at
+#: least this, and half as long again as the simulated nodes' longest boot.
 SLURM_RESUME_TIMEOUT = 600.0
 #: How often the model looks again at nodes SuspendExcNodes=ALL:N spares.
 SPARE_RECHECK_S = 60.0
@@ -88,6 +89,9 @@ class SlurmPowerSave(Manager):
     def attach(self, engine) -> None:
         super().attach(engine)
         self.t0 = engine.submit[0] if engine.submit else 0.0
+        longest = max((n.boot_s for n in engine.nodes), default=0.0)
+        self.resume_timeout = max(self.resume_timeout,
+                                  1.5 * longest * (1.0 + engine.model.boot_noise))
         self.suspends = _Tokens(self.suspend_rate, self.t0)
         self.resumes = _Tokens(self.resume_rate, self.t0)
         self.on_idle(list(engine.nodes), self.t0)

@@ -382,6 +382,27 @@ def test_cli_node_power_overrides_the_assumed_watts(tmp_path, capsys):
     assert "is not STATE=WATTS" in capsys.readouterr().err
 
 
+def test_cli_boot_seconds_set_the_simulated_boots(tmp_path, capsys):
+    # Both nodes go down after J1; J2 (both nodes, at 7200) waits for their
+    # boot: 100 s (every node the same, each boot within 5 %) plus at most a
+    # 10 s Slurm pass, or 1000 s, which the Slurm model's ResumeTimeout (600 s
+    # unless boots are longer) must not cut short.
+    trace = tmp_path / "t.swf"
+    trace.write_text(HEADER + swf_line(1, 0, 60, 2, 60) + swf_line(2, 7200, 60, 2, 60))
+    for boot in (100, 1000):
+        assert main(["simulate", "--trace", str(trace), "--managers", "slurm", "--json",
+                     "--boot-seconds", str(boot), "--boot-spread", "0"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert (doc["boot_seconds"], doc["boot_spread"]) == (boot, 0.0)
+        waited = doc["managers"]["slurm"]["added_wait_max_s"]
+        assert 0.95 * boot <= waited <= 1.05 * boot + 10, waited
+    for argv, message in ((["--boot-seconds", "0"], "must be a finite number of seconds > 0"),
+                          (["--boot-seconds", "soon"], "is not a number of seconds"),
+                          (["--boot-spread", "1"], "must be at least 0 and below 1")):
+        assert main(["simulate", "--trace", str(trace)] + argv) == 2
+        assert message in capsys.readouterr().err
+
+
 def test_cli_truncated_gzip_trace_and_plot(tmp_path, capsys):
     rng = random.Random(1)
     text = HEADER + "".join(swf_line(i, 600 * i + rng.randrange(300), rng.randrange(60, 3000),
