@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Deque, List
+from typing import Deque, List, Optional
 
 from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
 from .manager import Manager
@@ -74,10 +74,11 @@ class SlurmPowerSave(Manager):
 
     def __init__(self, config: HookConfig, suspend_rate: int = SLURM_SUSPEND_RATE,
                  resume_rate: int = SLURM_RESUME_RATE,
-                 resume_timeout: float = SLURM_RESUME_TIMEOUT):
+                 resume_timeout: Optional[float] = None):
         self.suspend_time = float(config.node_idle_limit)
         self.suspend_rate, self.resume_rate = suspend_rate, resume_rate
-        self.resume_timeout = float(resume_timeout)
+        #: None: as a site sets it, from the nodes' boots (`attach`)
+        self.resume_timeout = resume_timeout
         self.excluded = config.excluded_hosts
         self.keep_up = int(config.min_idle_nodes)
         self.sleep_mode = config.mode == MODE_RAMP_RATE
@@ -89,9 +90,10 @@ class SlurmPowerSave(Manager):
     def attach(self, engine) -> None:
         super().attach(engine)
         self.t0 = engine.submit[0] if engine.submit else 0.0
-        longest = max((n.boot_s for n in engine.nodes), default=0.0)
-        self.resume_timeout = max(self.resume_timeout,
-                                  1.5 * longest * (1.0 + engine.model.boot_noise))
+        if self.resume_timeout is None:
+            longest = max((n.boot_s for n in engine.nodes), default=0.0)
+            self.resume_timeout = max(SLURM_RESUME_TIMEOUT,
+                                      1.5 * longest * (1.0 + engine.model.boot_noise))
         self.suspends = _Tokens(self.suspend_rate, self.t0)
         self.resumes = _Tokens(self.resume_rate, self.t0)
         self.on_idle(list(engine.nodes), self.t0)
