@@ -15,8 +15,8 @@ SLURM_SUSPEND_RATE = 60
 SLURM_RESUME_RATE = 300
 SLURM_PASS_S = 10
 #: ResumeTimeout as a site sets it: above its longest boot (the default, 60 s,
-#: is shorter than most boots and would set every resumed node DOWN); at
-#: least this, and half as long again as the simulated nodes' longest boot.
+#: is shorter than most boots and would set every resumed node DOWN): this,
+#: or half as long again as the simulated nodes' longest boot if that reaches it.
 SLURM_RESUME_TIMEOUT = 600.0
 #: How often the model looks again at nodes SuspendExcNodes=ALL:N spares.
 SPARE_RECHECK_S = 60.0
@@ -92,8 +92,9 @@ class SlurmPowerSave(Manager):
         self.t0 = engine.submit[0] if engine.submit else 0.0
         if self.resume_timeout is None:
             longest = max((n.boot_s for n in engine.nodes), default=0.0)
-            self.resume_timeout = max(SLURM_RESUME_TIMEOUT,
-                                      1.5 * longest * (1.0 + engine.model.boot_noise))
+            longest *= 1.0 + engine.model.boot_noise
+            self.resume_timeout = (SLURM_RESUME_TIMEOUT if longest < SLURM_RESUME_TIMEOUT
+                                   else 1.5 * longest)
         self.suspends = _Tokens(self.suspend_rate, self.t0)
         self.resumes = _Tokens(self.resume_rate, self.t0)
         self.on_idle(list(engine.nodes), self.t0)
