@@ -33,16 +33,17 @@ class HookView:
         self._last: Optional[tuple] = None
 
     def forecast(self, now: float, waking: Iterable[str],
-                 boot_seconds: Optional[Mapping[str, float]] = None
+                 boot_seconds: Optional[Mapping[str, float]] = None, boots_version: int = 0
                  ) -> List[Tuple[int, float, List[Node]]]:
         """(job, start, nodes) per queued job the hook's forecast places; start
         ``now`` for a job that starts now. The answer is what the hook computes
         at ``now``; it is kept until the cluster or the hosts being woken
-        change, or until `valid_until`."""
+        change, or until `valid_until`. ``boot_seconds``: the hosts' measured
+        boots (`waking_first`), changed in place only with ``boots_version``."""
         engine = self.engine
         if not engine.queue:
             return []
-        key = (engine.version, frozenset(waking), boot_seconds)
+        key = (engine.version, frozenset(waking), boots_version)
         if self._last is None or self._last[0] != key or now > self._last[2]:
             result = self._compute(now, key[1], boot_seconds)
             self._last = (key, result, self._holds_until(now, result))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
-from pbs_power.states.cycle import Cycle, boot_times, up_seconds
+from pbs_power.states.cycle import Cycle, boot_times, up_kind
 from pbs_power.states.planner import longest_lead
 from ..devices.base import HostPower, PowerBackend, Result
 from pbs_power.states.model import Phase, PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
@@ -188,7 +188,6 @@ class PbsPower(Manager):
         self._quiet: Optional[tuple] = None     # (engine versions, until)
         self._last_run = 0.0
         self.runs = self.skipped = 0
-        self._boots = None
 
     def attach(self, engine) -> None:
         super().attach(engine)
@@ -204,14 +203,9 @@ class PbsPower(Manager):
         if self.forecast:
             return self.engine.estimates(now, "calendar")
         waking = [t.host for t in self.store.transitions() if not t.kind.is_down]
-        return self.view.forecast(now, waking, self._boot_seconds())
+        return self.view.forecast(now, waking, self.store.measured(up_kind(self.cfg)),
+                                  self.store.measured_version)
 
-    def _boot_seconds(self) -> Dict[str, float]:
-        """Each host's measured boot, as the hook reads it; remade per record."""
-        times = boot_times(self.store)
-        if self._boots is None or self._boots[0] is not times:
-            self._boots = (times, up_seconds(times, self.cfg))
-        return self._boots[1]
 
     def on_cycle(self, now: float) -> None:
         engine, by_name = self.engine, self.by_name

@@ -14,7 +14,7 @@ import heapq
 from collections import deque
 from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
-from pbs_power.states.cycle import fleet_estimates
+from pbs_power.states.cycle import MeasuredBoots, fleet_estimates
 from pbs_power.states.model import BootTimes, RampStep, Transition, TransitionKind
 from pbs_power.states.planner import FLEET
 from pbs_power.states.store import (DURATION_HISTORY, ESTIMATE_PERCENT, ESTIMATE_WINDOW,
@@ -37,6 +37,10 @@ class MemoryStore:
         #: tops (an estimate since replaced) are dropped when the longest is asked.
         self._longest: List[Tuple[float, str, str]] = []
         self._boot_times: Optional[BootTimes] = None
+        #: Per kind, every host's estimate as `cycle.up_seconds` gives it, kept up to
+        #: date once asked for (`measured`); the version moves when one changes.
+        self._measured: Dict[str, MeasuredBoots] = {}
+        self.measured_version = 0
 
     @contextlib.contextmanager
     def cycle_lock(self, name: str = "cycle") -> Iterator[bool]:
@@ -67,6 +71,10 @@ class MemoryStore:
         # A new inner dict, never an update: earlier answers stay as they were.
         self._estimates[host] = dict(self._estimates.get(host, {}), **{kind_value: estimate})
         self._boot_times = None
+        measured = self._measured.get(kind_value)
+        if measured is not None and measured.get(host) != estimate:
+            measured[host] = estimate
+            self.measured_version += 1
         heapq.heappush(self._longest, (-estimate, host, kind_value))
         if len(self._longest) > 4 * len(self._durations) + 64:
             self._longest = [(-v, h, k) for h, per in self._estimates.items()
@@ -81,6 +89,16 @@ class MemoryStore:
             return dict(self._estimates)
         value = TransitionKind(kind).value
         return {h: {value: v[value]} for h, v in self._estimates.items() if value in v}
+
+    def measured(self, kind) -> MeasuredBoots:
+        """Each host's estimate for ``kind``, as `cycle.up_seconds` gives it, kept up
+        to date in place from now on (read it, do not change it)."""
+        value = TransitionKind(kind).value
+        found = self._measured.get(value)
+        if found is None:
+            found = self._measured[value] = MeasuredBoots(
+                (h, per[value]) for h, per in self._estimates.items() if value in per)
+        return found
 
     def boot_times(self) -> BootTimes:
         """What `cycle.boot_times` makes of this store, kept until the next record

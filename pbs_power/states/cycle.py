@@ -356,22 +356,34 @@ def boot_times(store) -> BootTimes:
 
 
 class MeasuredBoots(dict):
-    """Host -> measured seconds to come back up, with ``typical``: their median (low)."""
+    """Host -> measured seconds to come back up; ``typical``: their median (low),
+    worked out when first asked for and again after a value changes."""
 
-    typical: Optional[float] = None
+    _typical: Optional[float] = None
+
+    def __setitem__(self, host: str, seconds: float) -> None:
+        super().__setitem__(host, seconds)
+        self._typical = None
+
+    @property
+    def typical(self) -> Optional[float]:
+        if self._typical is None and self:
+            values = sorted(self.values())
+            self._typical = values[(len(values) - 1) // 2]
+        return self._typical
 
 
 def up_seconds(times: Mapping[str, Mapping[str, float]], config: HookConfig) -> MeasuredBoots:
     """Each measured host's seconds to come back up in ``config``'s mode (power-on,
     or wake in ramp-rate mode); the fleet's estimate left out."""
-    kind = (TransitionKind.WAKE if config.mode == MODE_RAMP_RATE
-            else TransitionKind.POWER_ON).value
-    out = MeasuredBoots((host, per[kind]) for host, per in times.items()
-                        if host != FLEET and kind in per)
-    if out:
-        values = sorted(out.values())
-        out.typical = values[(len(values) - 1) // 2]
-    return out
+    kind = up_kind(config).value
+    return MeasuredBoots((host, per[kind]) for host, per in times.items()
+                         if host != FLEET and kind in per)
+
+
+def up_kind(config: HookConfig) -> TransitionKind:
+    """The transition that brings a host back in ``config``'s mode."""
+    return TransitionKind.WAKE if config.mode == MODE_RAMP_RATE else TransitionKind.POWER_ON
 
 
 def fleet_estimates(store) -> Dict[str, float]:
