@@ -46,6 +46,8 @@ class ManagerMetrics:
     wait_mean_s: float
     jobs_delayed_pct: float
     power_cycles_per_node_day: float
+    #: power-downs of the most cycled node over the run (wear falls on it)
+    power_cycles_max_per_node: int
     peak_ramp_w_per_min: float
     minutes_over_ramp_limit: int
     seconds: float
@@ -136,6 +138,7 @@ def _metrics(name: str, e: Engine, base: Engine, base_kwh: float, span: float,
         wait_mean_s=sum(waits) / count,
         jobs_delayed_pct=100.0 * len([c for c in change if c > 0.0]) / count,
         power_cycles_per_node_day=e.node_cycles() / node_days,
+        power_cycles_max_per_node=max((n.downs for n in e.nodes), default=0),
         peak_ramp_w_per_min=max(steps) if steps else 0.0,
         minutes_over_ramp_limit=over, seconds=seconds, jobs_never_started=e.unstarted)
 

@@ -256,6 +256,7 @@ def test_simulate_metrics_against_always_on_by_hand():
     assert op.start_change_mean_s == 350.0 and op.wait_mean_s == 350.0
     assert op.jobs_delayed_pct == 50.0
     assert op.power_cycles_per_node_day == pytest.approx(8 / (8 * 20100 / 86400.0))
+    assert (on.power_cycles_max_per_node, op.power_cycles_max_per_node) == (0, 1)
     # ramp: 1200 W (5 nodes) and 720 W in each direction, all over the 500 W limit.
     assert (op.peak_ramp_w_per_min, op.minutes_over_ramp_limit) == (5 * STEP, 4)
     # slurm: all 8 suspended at the 710 pass (10 tokens), down at 740,
@@ -277,7 +278,9 @@ def test_unclipped_mean_lets_earlier_starts_offset_later_ones():
     base = run(jobs, 3, AlwaysOn())
     other = run(jobs, 3, AlwaysOn())
     other.start = [base.start[0] + 300.0, base.start[1] - 100.0, base.start[2]]
+    other.nodes[1].downs, other.nodes[2].downs = 3, 1
     m = _metrics("x", other, base, 1.0, 120.0, 3, None, 0.0, 120.0)
+    assert m.power_cycles_max_per_node == 3           # the most cycled node's count
     assert m.added_wait_mean_s == 100.0 and m.added_wait_max_s == 300.0
     assert m.start_change_mean_s == pytest.approx(200.0 / 3)
     assert m.jobs_delayed_pct == pytest.approx(100.0 / 3)
