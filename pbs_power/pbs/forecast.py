@@ -57,6 +57,15 @@ def forecast_starts(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
     return _general_starts(jobs, vnodes, releases, now, checked)
 
 
+def forecast_whole_vnodes(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
+                          releases: Sequence[Release], now: float) -> Tuple[Start, ...]:
+    """`forecast_starts` for a caller that knows every vnode not full has the same
+    whole ncpus free, every release gives that back per vnode and every chunk
+    asks for exactly that, nothing exclusive (a cluster of whole-node jobs, as
+    the simulator's): the same answer, without checking that on every call."""
+    return _unit_starts(jobs, vnodes, releases, now) if jobs else ()
+
+
 def _general_starts(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
                     releases: Sequence[Release], now: float,
                     checked: FrozenSet[str]) -> Tuple[Start, ...]:
@@ -297,4 +306,4 @@ def _ncpus(job: JobRequest) -> float:
     return total
 
 
-__all__ = ["Release", "Start", "forecast_starts"]
+__all__ = ["Release", "Start", "forecast_starts", "forecast_whole_vnodes"]

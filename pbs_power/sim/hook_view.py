@@ -6,14 +6,16 @@ takes whole nodes), each queued job a ``select`` of its width with its
 requested walltime, each running job frees its nodes when its walltime
 runs out (qstat's ``stime`` + ``Resource_List.walltime``), and nodes that
 are marked asleep, down or coming up show as ``sleep``. The hook's
-`forecast_starts` turns that into starts and vnodes.
+`forecast_starts` turns that into starts and vnodes; every vnode, release
+and chunk here being one whole ncpus, it takes the path that counts
+vnodes (`forecast_whole_vnodes`) without checking that each time.
 """
 from __future__ import annotations
 
 from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from pbs_power.pbs.demand import waking_first
-from pbs_power.pbs.forecast import Release, forecast_starts
+from pbs_power.pbs.forecast import Release, forecast_whole_vnodes
 from pbs_power.pbs.placement import Chunk, JobRequest, VnodeSpace
 from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
 
@@ -84,7 +86,7 @@ class HookView:
         # the first `width` awake and the first `width` sleeping ones.
         awake = [s for s in spaces if not s.asleep][:width]
         asleep = [s for s in spaces if s.asleep][:width]
-        starts = forecast_starts(requests, awake + asleep, self._running(), now, _CHECKED)
+        starts = forecast_whole_vnodes(requests, awake + asleep, self._running(), now)
         by_id = {engine.job_ids[j]: j for j in engine.queue}
         return [(by_id[s.job_id], s.start, [self._index[name] for name in s.vnodes])
                 for s in starts]

@@ -543,3 +543,30 @@ def test_the_simulated_hook_wakes_the_hosts_measured_to_boot_fastest():
     got = manager.snapshot(100.0).queued_jobs
     assert [(q.id, q.estimated_start, q.vnodes) for q in got] == [
         ("X", 100.0, ("n00003", "n00004"))]
+
+
+def test_the_hook_view_s_inputs_are_always_whole_vnodes(monkeypatch):
+    # The simulated hook skips forecast_starts' check that every vnode,
+    # release and chunk is one whole ncpus; on a random bursty workload every
+    # forecast must pass that check and give forecast_starts' very answer.
+    from pbs_power.pbs import forecast
+    from pbs_power.sim import hook_view
+    calls = []
+
+    def checked(jobs, vnodes, releases, now):
+        got = forecast.forecast_whole_vnodes(jobs, vnodes, releases, now)
+        assert forecast._unit_amount(jobs, vnodes, releases, frozenset({"ncpus"})) == 1.0
+        assert got == forecast.forecast_starts(jobs, vnodes, releases, now,
+                                               frozenset({"ncpus"}))
+        calls.append(any(s.start is not None for s in got))
+        return got
+    monkeypatch.setattr(hook_view, "forecast_whole_vnodes", checked)
+    rng = random.Random(3)
+    jobs, t = [], 0.0
+    for i in range(150):
+        t += rng.choice((30.0, 200.0, 900.0, 4000.0))
+        runtime = rng.uniform(60.0, 6000.0)
+        jobs.append(job("j%d" % i, t, rng.randint(1, 12), runtime,
+                        runtime * rng.uniform(1.0, 4.0)))
+    run(jobs, 16, PbsPower(default_config(node_idle_limit=600, min_node_down_delay=0), 60))
+    assert len(calls) > 100 and sum(calls) > 20     # blocked jobs' shadows were forecast
