@@ -53,16 +53,18 @@ def forecast_starts(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
     if not jobs:
         return ()
     if _unit_amount(jobs, vnodes, releases, checked) is not None:
-        return _unit_starts(jobs, vnodes, releases, now)
+        room = [v for v in vnodes if _not_full(v.free.get("ncpus"))]
+        return _unit_starts(jobs, room, releases, now)
     return _general_starts(jobs, vnodes, releases, now, checked)
 
 
 def forecast_whole_vnodes(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
                           releases: Sequence[Release], now: float) -> Tuple[Start, ...]:
-    """`forecast_starts` for a caller that knows every vnode not full has the same
-    whole ncpus free, every release gives that back per vnode and every chunk
-    asks for exactly that, nothing exclusive (a cluster of whole-node jobs, as
-    the simulator's): the same answer, without checking that on every call."""
+    """`forecast_starts` for a caller that knows every vnode given has the same
+    whole ncpus free (none is full), every release gives that back per vnode
+    and every chunk asks for exactly that, nothing exclusive (a cluster of
+    whole-node jobs, as the simulator's): the same answer, without checking
+    that on every call."""
     return _unit_starts(jobs, vnodes, releases, now) if jobs else ()
 
 
@@ -235,11 +237,11 @@ class _Line:
         self.left = len(self.names) - len(self.taken)
 
 
-def _unit_starts(jobs: Sequence[JobRequest], vnodes: Sequence[VnodeSpace],
+def _unit_starts(jobs: Sequence[JobRequest], room: Sequence[VnodeSpace],
                  releases: Sequence[Release], now: float) -> Tuple[Start, ...]:
     """`forecast_starts` when every chunk fills one vnode: the same answer,
-    found by counting vnodes instead of fitting resources."""
-    room = [v for v in vnodes if _not_full(v.free.get("ncpus"))]
+    found by counting vnodes instead of fitting resources (``room``: the
+    vnodes not full)."""
     line = _Line([v.name for v in room if not v.asleep] + [v.name for v in room if v.asleep])
     ordered = sorted(releases, key=lambda r: r.at)
     out: List[Start] = []

@@ -226,7 +226,7 @@ def test_whole_vnode_counting_gives_the_general_fit_s_answer():
         jobs, vnodes, releases = _unit_case(rng)
         assert forecast._unit_amount(jobs, vnodes, releases, CHECKED) is not None
         general = forecast._general_starts(jobs, vnodes, releases, NOW, CHECKED)
-        assert forecast._unit_starts(jobs, vnodes, releases, NOW) == general
+        assert forecast.forecast_starts(jobs, vnodes, releases, NOW, CHECKED) == general
         shadows += any(s.start is not None for s in general)
     assert shadows > 500                      # the blocked-job paths were exercised
 
