@@ -249,7 +249,8 @@ def _unit_starts(jobs: Sequence[JobRequest], room: Sequence[VnodeSpace],
     held: FrozenSet[str] = frozenset()        # the top blocked job's vnodes free now
     held_left = 0                             # of those, how many no job took since
     for job in jobs:
-        width = sum(chunk.count for chunk in job.chunks)
+        chunks = job.chunks
+        width = chunks[0].count if len(chunks) == 1 else sum(c.count for c in chunks)
         if shadow is None:
             if width <= line.left:
                 names = line.first(width)

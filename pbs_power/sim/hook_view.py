@@ -74,40 +74,43 @@ class HookView:
                  boot_seconds: Optional[Mapping[str, float]] = None
                  ) -> List[Tuple[int, Optional[float], List[Node]]]:
         engine = self.engine
-        room = self._room()
-        if not room:
+        awake, asleep = self._room()
+        if not awake and not asleep:
             # Every node runs a job: the forecast could only name busy nodes,
             # which the planner never acts on, so it changes no decision.
             return []
         requests = [self._request(j) for j in engine.queue]
         width = sum(engine.width[j] for j in engine.queue)
-        spaces = waking_first(room, waking, boot_seconds, width)
-        # A job takes whole 1-ncpus vnodes in order, so no fit reaches past
-        # the first `width` awake and the first `width` sleeping ones.
-        awake = [s for s in spaces if not s.asleep][:width]
-        asleep = [s for s in spaces if s.asleep][:width]
+        # A job takes whole 1-ncpus vnodes in order, awake ones first, so no
+        # fit reaches past the first `width` awake and the first `width`
+        # sleeping ones (those being woken, then the fastest: `waking_first`,
+        # which keeps every awake vnode where it is).
+        awake = awake[:width]
+        asleep = waking_first(asleep, waking, boot_seconds, width)[:width]
         starts = forecast_whole_vnodes(requests, awake + asleep, self._running(), now)
         by_id = {engine.job_ids[j]: j for j in engine.queue}
         return [(by_id[s.job_id], s.start, [self._index[name] for name in s.vnodes])
                 for s in starts]
 
-    def _room(self) -> List[VnodeSpace]:
-        """Vnodes with no job on them, in node order: free ones, and asleep ones."""
-        out = []
+    def _room(self) -> Tuple[List[VnodeSpace], List[VnodeSpace]]:
+        """Vnodes with no job on them, in node order: the free ones, and the asleep ones."""
+        awake: List[VnodeSpace] = []
+        asleep: List[VnodeSpace] = []
+        spaces = self._spaces
         for node in self.engine.nodes_except((BUSY, HELD)):
             if node.failed or node.job is not None:
                 continue
             state = node.state
             if state not in (IDLE, BOOTING, DOWN, SHUTTING):
                 continue
-            asleep = node.marked or state != IDLE
-            key = (node.idx, asleep)
-            space = self._spaces.get(key)
+            sleeping = node.marked or state != IDLE
+            key = (node.idx, sleeping)
+            space = spaces.get(key)
             if space is None:
-                space = self._spaces[key] = VnodeSpace(node.name, node.name, asleep,
-                                                       {"ncpus": 1.0})
-            out.append(space)
-        return out
+                space = spaces[key] = VnodeSpace(node.name, node.name, sleeping,
+                                                 {"ncpus": 1.0})
+            (asleep if sleeping else awake).append(space)
+        return awake, asleep
 
     def _request(self, j: int) -> JobRequest:
         request = self._requests.get(j)
