@@ -202,10 +202,11 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
     with Store.open(config.state_dir) as store, \
             get_backend(config.power_backend, config.state_dir) as backend:
         waking = [t.host for t in store.transitions() if not t.kind.is_down]
+        measured = boot_times(store)
         try:
             doc = query_jobs_json(conf["PBS_EXEC"])
             jobs, live = demand_from(pbs, event.vnode_list, doc, config, conf, now, log,
-                                     waking, up_seconds(boot_times(store), config)), \
+                                     waking, up_seconds(measured, config)), \
                 live_job_ids_from(doc)
         except (QueryError, KeyError) as exc:
             log("error", "queued jobs unknown (%s); no host is taken down this cycle" % exc)
@@ -214,7 +215,7 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
         snapshot = Snapshot(vnodes, queued_jobs=jobs,
                             reservations=reservations_from(event.resv_list))
         report = Cycle(config, store, backend, log, check_down_hosts=True).run(
-            snapshot, now, query_failed)
+            snapshot, now, query_failed, measured)
     changed = apply_marks(pbs, event.vnode_list, report.marks, log)
     # A woken host's MoM registering clears its marks but starts no scheduling
     # cycle (seen on OpenPBS 23.06): ask for one when a boot is done too.

@@ -73,11 +73,14 @@ class Cycle:
         self.journaled = journaled
         self._boot_cache: Optional[Dict[str, Dict[str, float]]] = None
 
-    def run(self, snapshot: Snapshot, now: float, query_failed: bool = False) -> CycleReport:
+    def run(self, snapshot: Snapshot, now: float, query_failed: bool = False,
+            boot_times: Optional[BootTimes] = None) -> CycleReport:
         """Run one pass over ``snapshot`` at ``now``; see the module docstring.
 
         ``query_failed``: the adapter could not read queued jobs, so this pass
         only moves transitions along; the journal records that outcome.
+        ``boot_times``: the store's, when the adapter has just read them (its
+        forecast orders sleeping hosts by them), so the pass need not again.
         """
         clock = time.monotonic()
         with self.store.cycle_lock() as acquired:
@@ -86,14 +89,15 @@ class Cycle:
                 self._note(journal.record_cycle, journal.CycleRecord(
                     now, time.monotonic() - clock, "skipped"))
                 return CycleReport(ran=False)
-            report = self._run_locked(snapshot, now)
+            report = self._run_locked(snapshot, now, boot_times)
             self._note(journal.record_pass, snapshot.vnodes, report.plan.deferred, now,
                        time.monotonic() - clock, "query_failed" if query_failed else "ran")
             return report
 
-    def _run_locked(self, snapshot: Snapshot, now: float) -> CycleReport:
+    def _run_locked(self, snapshot: Snapshot, now: float,
+                    boot_times: Optional[BootTimes] = None) -> CycleReport:
         report = CycleReport()
-        self._boot_cache = None
+        self._boot_cache = boot_times
         for warning in self.config.warnings:
             self.log("debug", "config: " + warning)
         snapshot = evolve(snapshot, transitions=self.store.transitions())
