@@ -61,27 +61,28 @@ def positive_int(text: str) -> int:
 
 
 def percent(text: str) -> float:
-    value = _float(text)
+    value = finite_float(text)
     if not 0 <= value <= 100:
         raise argparse.ArgumentTypeError("must be a percentage from 0 to 100, got %r" % text)
     return value
 
 
 def seconds(text: str) -> float:
-    value = _float(text)
+    value = finite_float(text)
     if value < 0:
         raise argparse.ArgumentTypeError("must be seconds >= 0, got %r" % text)
     return value
 
 
 def positive_seconds(text: str) -> float:
-    value = _float(text)
+    value = finite_float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError("must be seconds > 0, got %r" % text)
     return value
 
 
-def _float(text: str) -> float:
+def finite_float(text: str) -> float:
+    """An argparse type: a finite number."""
     try:
         value = float(text)
     except ValueError:

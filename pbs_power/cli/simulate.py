@@ -8,6 +8,7 @@ import time
 from typing import Any, Dict, Optional
 
 from pbs_power.config.hook_config import ConfigError, load_config
+from .groups import finite_float, positive_seconds
 
 MANAGER_HELP = ("always-on (the baseline: never powers down), pbs-power (this "
                 "package's hook logic, on a PBS server with power_provisioning on, as "
@@ -87,25 +88,11 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def positive_seconds(text: str) -> float:
-    """A finite number of seconds > 0, for argparse."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not a number of seconds" % text) from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError("%r: must be a finite number of seconds > 0" % text)
-    return value
-
-
 def spread_fraction(text: str) -> float:
-    """A fraction in [0, 1), for argparse."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError("%r is not a fraction" % text) from None
+    """An argparse type: a fraction in [0, 1)."""
+    value = finite_float(text)
     if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError("%r: must be at least 0 and below 1" % text)
+        raise argparse.ArgumentTypeError("must be at least 0 and below 1, got %r" % text)
     return value
 
 
