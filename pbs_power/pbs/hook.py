@@ -20,7 +20,9 @@ from pbs_power.states.model import QueuedJob, Reservation, Snapshot, Vnode
 from .attributes import parse_exec_vnode, parse_qstat_time
 from .log import LogFn, pbs_logger
 
-HOOK_NAME = "PBS_power"
+#: The name `pbs-power pbs install` registers the periodic hook under (OpenPBS
+#: keeps names starting with PBS for its own hooks).
+HOOK_NAME = "pbs_power"
 QSTAT_TIMEOUT = 60.0
 
 #: pbs.ND_* constant -> the state name pbsnodes prints.
@@ -195,6 +197,7 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
         log("warning", warning)
     event = pbs.event()
     now = time.time()
+    began = time.monotonic()
     conf = _pbs_conf(pbs)
     live = None  # job ids for the leaked-group cleanup; None = unknown, no cleanup
     vnodes = vnodes_from(pbs, event.vnode_list)
@@ -230,6 +233,16 @@ def run_periodic(pbs, config_file: Optional[str]) -> None:
     if live is not None:
         from .jobs import cleanup_after_qstat
         cleanup_after_qstat(config, live, now, log)
+    warn_if_slow(log, time.monotonic() - began, config.cycle_interval)
+
+
+def warn_if_slow(log: LogFn, seconds: float, cycle_interval: float) -> None:
+    """Say so when a run takes over half of ``cycle_interval``: the next run may
+    find this one still going (it then does nothing) and wakes come late."""
+    if seconds > cycle_interval / 2.0:
+        log("warning", "this run took %.1fs, over half of cycle_interval=%ds: raise "
+                       "cycle_interval and the hook's freq together (qmgr -c 'set hook %s "
+                       "freq = N')" % (seconds, cycle_interval, HOOK_NAME))
 
 
 def demand_from(pbs, vnode_list: Dict[str, Any], doc: Dict[str, Any], config,

@@ -230,3 +230,14 @@ def test_a_job_blocked_by_a_running_job_gets_its_hosts_woken_before_the_walltime
     assert min(woken) == 1
     assert sorted(h for hosts in woken.values() for h in hosts) == [
         "n1", "n2", "n3", "n4", "n5", "n6"]
+
+
+def test_a_run_over_half_the_cycle_interval_says_so_and_how_to_fix_it():
+    from pbs_power.pbs.hook import warn_if_slow
+    said = []
+    warn_if_slow(lambda level, msg: said.append((level, msg)), 14.9, 30)
+    assert said == []
+    warn_if_slow(lambda level, msg: said.append((level, msg)), 16.0, 30)
+    assert said == [("warning", "this run took 16.0s, over half of cycle_interval=30s: "
+                                "raise cycle_interval and the hook's freq together "
+                                "(qmgr -c 'set hook pbs_power freq = N')")]
