@@ -69,7 +69,7 @@ class HookConfig:
     node_wake_time: int = 60
     boot_timeout: int = 1800
     shutdown_timeout: int = 600
-    cycle_interval: int = 60
+    cycle_interval: int = 30
     min_idle_nodes: int = 0
     exclude_nodes: str = ""
     max_ramp_watts_per_minute: Optional[float] = None

@@ -38,7 +38,7 @@ DEFAULT_CONFIG_NAME = "PBS_power.json"
 RESOURCES: Tuple[Tuple[str, str], ...] = (("power_policy", "string"), ("power_mgmt", "boolean"))
 RESOURCE_FLAGS = {"power_policy": "", "power_mgmt": "h"}
 #: The periodic hook's default ``freq``; an install uses the config's ``cycle_interval``.
-DEFAULT_FREQ = 60
+DEFAULT_FREQ = 30
 
 
 class InstallError(ValueError):
@@ -56,7 +56,7 @@ class HookSpec:
 
 HOOKS: Tuple[HookSpec, ...] = (
     HookSpec("pbs_power", "PBS_power.py",
-             (("event", "periodic"), ("freq", "60"), ("alarm", "240"), ("order", "1"))),
+             (("event", "periodic"), ("freq", "30"), ("alarm", "240"), ("order", "1"))),
     HookSpec("pbs_power_job", "pbs_power_job.py",
              (("event", "queuejob,modifyjob,runjob,jobobit"), ("alarm", "60"),
               ("order", "1"))),

@@ -200,7 +200,7 @@ def expected_commands(hooks: Path, config: Path) -> list:
            "create resource power_mgmt type=boolean,flag=h"]
     for name, script, attrs in (
             ("pbs_power", "PBS_power.py",
-             ["event = periodic", "freq = 60", "alarm = 240", "order = 1"]),
+             ["event = periodic", "freq = 30", "alarm = 240", "order = 1"]),
             ("pbs_power_job", "pbs_power_job.py",
              ['event = "queuejob,modifyjob,runjob,jobobit"', "alarm = 60", "order = 1"]),
             ("pbs_power_prov", "pbs_power_provision.py",
@@ -329,7 +329,7 @@ def test_apply_twice_creates_nothing_the_second_time(fake, capsys):
     assert first["resources"]["power_mgmt"] == {"type": "boolean", "flag": "h"}
     hooks = first["hooks"]
     assert sorted(hooks) == ["pbs_power", "pbs_power_job", "pbs_power_prov"]
-    assert hooks["pbs_power"]["event"] == "periodic" and hooks["pbs_power"]["freq"] == "60"
+    assert hooks["pbs_power"]["event"] == "periodic" and hooks["pbs_power"]["freq"] == "30"
     assert hooks["pbs_power_job"]["event"] == "queuejob,modifyjob,runjob,jobobit"
     assert hooks["pbs_power_prov"]["script"] == "# pbs_power_prov\n"
     assert all(h["enabled"] == "true" and h["order"] == "1" for h in hooks.values())
