@@ -3,7 +3,7 @@
 Prints one JSON object: the trace, jobs replayed, wall seconds in all, jobs
 per second per manager (jobs x managers / seconds) and each manager's own
 seconds. Run by hand: ``.venv/bin/python benchmarks/sim_speed.py [TRACE] [--limit N]
-[--managers pbs-power,slurm]``.
+[--managers pbs-power,slurm] [--cycle S]``.
 """
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ def main() -> None:
     parser.add_argument("--managers", default=",".join(MANAGERS),
                         help="comma-separated managers to time (default: all four; "
                              "always-on always runs, as the others are measured against it)")
+    parser.add_argument("--cycle", type=int,
+                        help="seconds between the periodic managers' runs (default: the "
+                             "shipped cycle_interval)")
     args = parser.parse_args()
     managers = ["always-on"] + [m for m in args.managers.split(",") if m and m != "always-on"]
     unknown = sorted(set(managers) - set(ALL_MANAGERS))
@@ -54,11 +57,13 @@ def main() -> None:
     per_node = -(-header.max_procs // header.max_nodes) if header.max_procs else 1
     jobs = trace.sim_jobs(cores_per_node=per_node)
     began = time.perf_counter()
-    result = simulate(jobs, header.max_nodes, NODE_MODELS["cpu"], default_config(),
-                      managers)
+    config = default_config()
+    result = simulate(jobs, header.max_nodes, NODE_MODELS["cpu"], config, managers,
+                      cycle=args.cycle or config.cycle_interval)
     seconds = time.perf_counter() - began
     print(json.dumps({
         "trace": os.path.basename(path), "jobs": len(jobs), "nodes": header.max_nodes,
+        "cycle": args.cycle or config.cycle_interval,
         "managers": len(managers), "seconds": round(seconds, 2),
         "jobs_per_second": round(len(jobs) * len(managers) / seconds, 1),
         "per_manager_seconds": {m.manager: round(m.seconds, 2) for m in result.metrics},
