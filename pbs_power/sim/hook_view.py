@@ -12,12 +12,14 @@ vnodes (`forecast_whole_vnodes`) without checking that each time.
 """
 from __future__ import annotations
 
+import heapq
+
 from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
-from pbs_power.pbs.demand import waking_first
+from pbs_power.pbs.demand import typical_boot
 from pbs_power.pbs.forecast import Release, forecast_whole_vnodes
 from pbs_power.pbs.placement import Chunk, JobRequest, VnodeSpace
-from .nodes import BOOTING, BUSY, DOWN, HELD, IDLE, SHUTTING, Node
+from .nodes import BOOTING, DOWN, IDLE, SHUTTING, Node
 
 _ONE = (("ncpus", 1.0),)
 _CHECKED = frozenset({"ncpus"})
@@ -74,43 +76,62 @@ class HookView:
                  boot_seconds: Optional[Mapping[str, float]] = None
                  ) -> List[Tuple[int, Optional[float], List[Node]]]:
         engine = self.engine
-        awake, asleep = self._room()
+        # A job takes whole 1-ncpus vnodes in order, awake ones first, so no
+        # fit reaches past the first `width` awake and the first `width`
+        # sleeping ones (in `waking_first`'s order).
+        width = sum(engine.width[j] for j in engine.queue)
+        awake, asleep = self._awake(width), self._asleep(waking, boot_seconds, width)
         if not awake and not asleep:
             # Every node runs a job: the forecast could only name busy nodes,
             # which the planner never acts on, so it changes no decision.
             return []
         requests = [self._request(j) for j in engine.queue]
-        width = sum(engine.width[j] for j in engine.queue)
-        # A job takes whole 1-ncpus vnodes in order, awake ones first, so no
-        # fit reaches past the first `width` awake and the first `width`
-        # sleeping ones (those being woken, then the fastest: `waking_first`,
-        # which keeps every awake vnode where it is).
-        awake = awake[:width]
-        asleep = waking_first(asleep, waking, boot_seconds, width)[:width]
         starts = forecast_whole_vnodes(requests, awake + asleep, self._running(), now)
         by_id = {engine.job_ids[j]: j for j in engine.queue}
         return [(by_id[s.job_id], s.start, [self._index[name] for name in s.vnodes])
                 for s in starts]
 
-    def _room(self) -> Tuple[List[VnodeSpace], List[VnodeSpace]]:
-        """Vnodes with no job on them, in node order: the free ones, and the asleep ones."""
-        awake: List[VnodeSpace] = []
-        asleep: List[VnodeSpace] = []
-        spaces = self._spaces
-        for node in self.engine.nodes_except((BUSY, HELD)):
-            if node.failed or node.job is not None:
-                continue
-            state = node.state
-            if state not in (IDLE, BOOTING, DOWN, SHUTTING):
-                continue
-            sleeping = node.marked or state != IDLE
-            key = (node.idx, sleeping)
-            space = spaces.get(key)
-            if space is None:
-                space = spaces[key] = VnodeSpace(node.name, node.name, sleeping,
-                                                 {"ncpus": 1.0})
-            (asleep if sleeping else awake).append(space)
-        return awake, asleep
+    def _awake(self, most: int) -> List[VnodeSpace]:
+        """The first ``most`` free vnodes (up, unmarked, no job), in node order."""
+        nodes = self.engine.nodes
+        free = [i for i in self.engine.state_index()[IDLE]
+                if not nodes[i].marked and nodes[i].job is None and not nodes[i].failed]
+        return [self._space(i, False) for i in heapq.nsmallest(most, free)]
+
+    def _asleep(self, waking: FrozenSet[str], boot_seconds: Optional[Mapping[str, float]],
+                most: int) -> List[VnodeSpace]:
+        """The first ``most`` sleeping vnodes (marked, down, going down or coming up,
+        no job) in `waking_first`'s order: hosts being woken in node order, then
+        the rest fastest measured boot first (node order without measurements).
+        Picked from the engine's state index, without walking every node."""
+        engine, nodes = self.engine, self.engine.nodes
+        index = engine.state_index()
+        sleeping = index[DOWN] | index[BOOTING] | index[SHUTTING]
+        sleeping.update(i for i in index[IDLE] if nodes[i].marked)
+        candidates = [i for i in sleeping if nodes[i].job is None and not nodes[i].failed]
+        first = sorted(i for i in candidates if nodes[i].name in waking) if waking else []
+        left = most - len(first)
+        if left <= 0:
+            return [self._space(i, True) for i in first[:most]]
+        if first:
+            chosen = set(first)
+            candidates = [i for i in candidates if i not in chosen]
+        if boot_seconds:
+            get, typical = boot_seconds.get, typical_boot(boot_seconds)
+            rest = [i for _boot, i in heapq.nsmallest(
+                left, [(get(nodes[i].name, typical), i) for i in candidates])]
+        else:
+            rest = heapq.nsmallest(left, candidates)
+        return [self._space(i, True) for i in first + rest]
+
+    def _space(self, idx: int, sleeping: bool) -> VnodeSpace:
+        """The vnode of node ``idx`` as the hook reads it (made once, then kept)."""
+        key = (idx, sleeping)
+        space = self._spaces.get(key)
+        if space is None:
+            name = self.engine.nodes[idx].name
+            space = self._spaces[key] = VnodeSpace(name, name, sleeping, {"ncpus": 1.0})
+        return space
 
     def _request(self, j: int) -> JobRequest:
         request = self._requests.get(j)

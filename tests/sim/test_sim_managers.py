@@ -21,7 +21,7 @@ from pbs_power.states.planner import plan
 from pbs_power.sim import report
 from pbs_power.sim.engine import Engine
 from pbs_power.sim.managers import PbsPower
-from pbs_power.sim.nodes import DOWN, make_nodes
+from pbs_power.sim.nodes import BUSY, DOWN, IDLE, make_nodes
 from pbs_power.sim.managers import AlwaysOn
 from pbs_power.sim.simulate import _metrics, default_config, simulate
 from pbs_power.sim.swf import read_sample
@@ -570,3 +570,38 @@ def test_the_hook_view_s_inputs_are_always_whole_vnodes(monkeypatch):
                         runtime * rng.uniform(1.0, 4.0)))
     run(jobs, 16, PbsPower(default_config(node_idle_limit=600, min_node_down_delay=0), 60))
     assert len(calls) > 100 and sum(calls) > 20     # blocked jobs' shadows were forecast
+
+
+def test_the_hook_view_picks_the_vnodes_waking_first_orders():
+    # The hook view picks the free and sleeping vnodes a forecast can reach
+    # from the engine's state index instead of walking every node; on random
+    # clusters (states, marks, failures, hosts being woken, measured boots or
+    # none) it must give what waking_first gives over every node in order.
+    from pbs_power.pbs.demand import waking_first
+    from pbs_power.sim.hook_view import HookView
+    from pbs_power.sim.nodes import BOOTING, SHUTTING
+    from pbs_power.states.cycle import MeasuredBoots
+    rng = random.Random(7)
+    for _ in range(300):
+        e = Engine([job("A", 0, 1, 10, 10)], make_nodes(40, MODEL), MODEL, AlwaysOn())
+        for node in e.nodes:
+            state = rng.choice((IDLE, IDLE, DOWN, BOOTING, SHUTTING, BUSY))
+            if state != IDLE:
+                e._set(node, state)
+                e._from_pool(node)
+            node.marked = state != BUSY and rng.random() < 0.3
+            if state == BUSY:
+                node.job = 0
+            if rng.random() < 0.05:
+                e.fail(node, 0.0)
+        view = HookView(e)
+        waking = frozenset(n.name for n in e.nodes if rng.random() < 0.2)
+        boots = MeasuredBoots((n.name, rng.choice((100.0, 150.0, 200.0)))
+                              for n in e.nodes if rng.random() < rng.choice((0.0, 0.5, 1.0)))
+        room = [view._space(n.idx, n.marked or n.state != IDLE) for n in e.nodes
+                if not n.failed and n.job is None and n.state in (IDLE, DOWN, BOOTING, SHUTTING)]
+        most = rng.randint(1, 40)
+        want_awake = [v for v in room if not v.asleep][:most]
+        want_asleep = waking_first([v for v in room if v.asleep], waking, boots, most)[:most]
+        assert view._awake(most) == want_awake
+        assert view._asleep(waking, boots, most) == want_asleep
