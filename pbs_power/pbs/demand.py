@@ -14,7 +14,6 @@ job waits only for them: it is needed now.
 """
 from __future__ import annotations
 
-import heapq
 import re
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -134,27 +133,19 @@ def running_releases(doc: Mapping[str, Any], now: float, parse_time: ParseTime,
 
 
 def waking_first(spaces: Sequence[VnodeSpace], waking: Iterable[str],
-                 boot_seconds: Optional[Mapping[str, float]] = None,
-                 most: Optional[int] = None) -> List[VnodeSpace]:
+                 boot_seconds: Optional[Mapping[str, float]] = None) -> List[VnodeSpace]:
     """Sleeping vnodes whose host is already being woken go before the others,
     so the forecast counts on them before it asks for more wakes; with
     ``boot_seconds`` (host -> its measured boot), the other sleeping ones go
     fastest boot first, so a job woken for waits for the quickest hosts.
-    A host never measured counts as the median measured one (`typical_boot`).
-    ``most``: keep only that many of those others (no job takes more)."""
+    A host never measured counts as the median measured one (`typical_boot`)."""
     up = set(waking)
     first = [s for s in spaces if not s.asleep or s.host in up]
     rest = [s for s in spaces if s.asleep and s.host not in up]
     if boot_seconds and len(rest) > 1:
         get, typical = boot_seconds.get, typical_boot(boot_seconds)
-        # (boot, position, vnode): ties keep their order, and compare in C
-        ranked = [(get(s.host, typical), i, s) for i, s in enumerate(rest)]
-        if most is not None and most < len(rest):
-            ranked = heapq.nsmallest(most, ranked)
-        else:
-            ranked.sort()
-        return first + [s for _boot, _i, s in ranked]
-    return first + (rest if most is None else rest[:most])
+        rest.sort(key=lambda s: get(s.host, typical))        # stable: ties keep their order
+    return first + rest
 
 
 def typical_boot(boot_seconds: Mapping[str, float]) -> float:

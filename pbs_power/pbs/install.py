@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from pbs_power.config.hook_config import HookConfig
+
 QMGR_TIMEOUT = 60.0
 PBSNODES_TIMEOUT = 60.0
 DEFAULT_PBS_CONF = "/etc/pbs.conf"
@@ -37,8 +39,9 @@ DEFAULT_CONFIG_NAME = "PBS_power.json"
 #: and a node's opt-out (host-level).
 RESOURCES: Tuple[Tuple[str, str], ...] = (("power_policy", "string"), ("power_mgmt", "boolean"))
 RESOURCE_FLAGS = {"power_policy": "", "power_mgmt": "h"}
-#: The periodic hook's default ``freq``; an install uses the config's ``cycle_interval``.
-DEFAULT_FREQ = 30
+#: The periodic hook's default ``freq``: the default ``cycle_interval`` (an install
+#: uses the config's own).
+DEFAULT_FREQ = HookConfig.__dataclass_fields__["cycle_interval"].default
 
 
 class InstallError(ValueError):
@@ -56,7 +59,8 @@ class HookSpec:
 
 HOOKS: Tuple[HookSpec, ...] = (
     HookSpec("pbs_power", "PBS_power.py",
-             (("event", "periodic"), ("freq", "30"), ("alarm", "240"), ("order", "1"))),
+             (("event", "periodic"), ("freq", str(DEFAULT_FREQ)), ("alarm", "240"),
+              ("order", "1"))),
     HookSpec("pbs_power_job", "pbs_power_job.py",
              (("event", "queuejob,modifyjob,runjob,jobobit"), ("alarm", "60"),
               ("order", "1"))),

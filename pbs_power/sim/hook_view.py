@@ -13,7 +13,6 @@ vnodes (`forecast_whole_vnodes`) without checking that each time.
 from __future__ import annotations
 
 import heapq
-
 from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from pbs_power.pbs.demand import typical_boot
@@ -22,7 +21,6 @@ from pbs_power.pbs.placement import Chunk, JobRequest, VnodeSpace
 from .nodes import BOOTING, DOWN, IDLE, SHUTTING, Node
 
 _ONE = (("ncpus", 1.0),)
-_CHECKED = frozenset({"ncpus"})
 
 
 class HookView:

@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
-from pbs_power.states.cycle import Cycle, boot_times, up_kind
-from pbs_power.states.planner import longest_lead
+from pbs_power.states.cycle import Cycle, boot_times
+from pbs_power.states.planner import longest_lead, up_kind
 from ..devices.base import HostPower, PowerBackend, Result
 from pbs_power.states.model import Phase, PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
 from .hook_view import HookView
@@ -205,7 +205,6 @@ class PbsPower(Manager):
         waking = [t.host for t in self.store.transitions() if not t.kind.is_down]
         return self.view.forecast(now, waking, self.store.measured(up_kind(self.cfg)),
                                   self.store.measured_version)
-
 
     def on_cycle(self, now: float) -> None:
         engine, by_name = self.engine, self.by_name

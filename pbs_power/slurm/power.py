@@ -35,10 +35,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from pbs_power.config.hook_config import MODE_DISABLED, MODE_RAMP_RATE, HookConfig
+from pbs_power.config.hook_config import MODE_DISABLED, HookConfig
 from pbs_power.states import journal
 from pbs_power.states.model import Phase, PowerState, RampStep, Snapshot, Transition, TransitionKind
-from pbs_power.states.planner import RAMP_WINDOW, _RampBudget  # the planner's own ramp accounting, reused
+from pbs_power.states.planner import RAMP_WINDOW, _RampBudget, up_kind  # the planner's own ramp accounting, reused
 from .adapter import DRAIN_FLAGS, SlurmClient, SlurmError, SlurmView, fold, usable
 
 #: Seconds kept between our deadline and Slurm's own timeout.
@@ -279,7 +279,7 @@ def suspend(run: PowerRun, hosts: Sequence[str]) -> int:
         run.log.warning("%s: not powered down: listed in exclude_nodes (add it to "
                         "SuspendExcNodes)", host)
     hosts = [h for h in hosts if h not in cfg.excluded_hosts]
-    kind = TransitionKind.SLEEP if cfg.mode == MODE_RAMP_RATE else TransitionKind.POWER_OFF
+    kind = up_kind(cfg).reverse
     resume_timeout, suspend_timeout = _slurm_timeouts(run)
     slurm_limit = max(t for t in (resume_timeout, suspend_timeout, 0) if t is not None) or None
     deadline = _deadline(run, cfg.shutdown_timeout, slurm_limit)
@@ -308,7 +308,7 @@ def up_kinds(run: PowerRun, hosts: Sequence[str], deadline: float) -> Dict[str, 
     one the backend reports on (its power-down was held back or failed) is
     powered off first. Hosts that do not go off by the deadline are left out.
     """
-    default = TransitionKind.WAKE if run.config.mode == MODE_RAMP_RATE else TransitionKind.POWER_ON
+    default = up_kind(run.config)
     try:
         powers = run.backend.status(list(hosts), run.clock())
     except Exception as exc:

@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
+from pbs_power.config.hook_config import HookConfig
 from . import journal
 from .model import (BootTimes, Phase, Plan, PowerState, RampStep, Snapshot, Transition,
                     TransitionKind, evolve, hosts_of)
-from .planner import FLEET, RAMP_WINDOW, needed_back, plan
+from .planner import FLEET, RAMP_WINDOW, needed_back, plan, up_kind
 from .transitions import Outcome, apply_marks, reconcile
 
 #: ``log(level, message)``; levels: debug, info, warning, error.
@@ -383,11 +383,6 @@ def up_seconds(times: Mapping[str, Mapping[str, float]], config: HookConfig) -> 
     kind = up_kind(config).value
     return MeasuredBoots((host, per[kind]) for host, per in times.items()
                          if host != FLEET and kind in per)
-
-
-def up_kind(config: HookConfig) -> TransitionKind:
-    """The transition that brings a host back in ``config``'s mode."""
-    return TransitionKind.WAKE if config.mode == MODE_RAMP_RATE else TransitionKind.POWER_ON
 
 
 def fleet_estimates(store) -> Dict[str, float]:

@@ -108,6 +108,12 @@ def longest_lead(cfg: HookConfig, boot_times: Mapping[str, Mapping[str, float]])
     return max(cfg.node_boot_time, cfg.node_wake_time, measured)
 
 
+def up_kind(cfg: HookConfig) -> TransitionKind:
+    """The transition that brings a host back in ``cfg``'s mode: wake in ramp-rate
+    mode, power-on otherwise."""
+    return TransitionKind.WAKE if cfg.mode == MODE_RAMP_RATE else TransitionKind.POWER_ON
+
+
 def lead_time(snap: Snapshot, cfg: HookConfig, host: str, kind: TransitionKind) -> float:
     """Seconds ``host`` takes to complete ``kind``: measured, fleet, default."""
     for key in (host, FLEET):
@@ -154,8 +160,7 @@ class _Context:
         self.hosts = {h: _Host(h, vs) for h, vs in hosts_of(snapshot.vnodes).items()}
         self.in_flight = {} if watch_all else {t.host: t for t in snapshot.transitions}
         self.watch_all = watch_all
-        self.up_kind = (TransitionKind.WAKE if config.mode == MODE_RAMP_RATE
-                        else TransitionKind.POWER_ON)
+        self.up_kind = up_kind(config)
         self.down_kind = self.up_kind.reverse
         self._fallback: Dict[TransitionKind, float] = {}
         self.needs = self._needs()
@@ -420,4 +425,4 @@ def _local_clock(epoch: float, _zone: Tuple[str, str], _offset: int) -> str:
     return _time.strftime("%Y-%m-%d %H:%M:%S", _time.localtime(epoch))
 
 
-__all__ = ["plan", "needed_back", "lead_time", "longest_lead", "Need"]
+__all__ = ["plan", "needed_back", "lead_time", "longest_lead", "up_kind", "Need"]

@@ -93,6 +93,6 @@ def test_the_hook_view_picks_the_vnodes_waking_first_orders():
                 if not n.failed and n.job is None and n.state in (IDLE, DOWN, BOOTING, SHUTTING)]
         most = rng.randint(1, 40)
         want_awake = [v for v in room if not v.asleep][:most]
-        want_asleep = waking_first([v for v in room if v.asleep], waking, boots, most)[:most]
+        want_asleep = waking_first([v for v in room if v.asleep], waking, boots)[:most]
         assert view._awake(most) == want_awake
         assert view._asleep(waking, boots, most) == want_asleep
