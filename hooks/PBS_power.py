@@ -6,7 +6,7 @@
 #   qmgr -c "create hook pbs_power"
 #   qmgr -c "import hook pbs_power application/x-python default PBS_power.py"
 #   qmgr -c "import hook pbs_power application/x-config default PBS_power.json"
-#   qmgr -c "set hook pbs_power event = periodic, freq = 60, alarm = 240"
+#   qmgr -c "set hook pbs_power event = periodic, freq = 30, alarm = 240"
 #   qmgr -c "set hook pbs_power enabled = true"
 # The config's "python_path" must list /opt/pbs_power/lib (PBS runs hooks in
 # an isolated interpreter that sees no site-packages). Check the config first
