@@ -16,7 +16,7 @@ no code of theirs is copied.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
 from pbs_power.states.cycle import Cycle, boot_times
@@ -312,8 +312,10 @@ class PbsPower(Manager):
         """The first moment the planner could act on an unchanged cluster.
 
         Conservative: an idle host reaching node_idle_limit, or the earliest
-        wake any of a job's sleeping nodes could need (with the longest
-        boot). A job that names only awake nodes can only keep idle hosts up,
+        wake any of a job's sleeping nodes could need (with its measured
+        boot, the longest if never measured). A sleeping node already in flight is left out: the planner
+        does not act on it until its command ends, which changes its power
+        state or times out (`_waiting_until`). A job that names only awake nodes can only keep idle hosts up,
         and a rest that ends can only release a wake the planner wanted and
         held back, which a quiet run did not: both count only for the warm
         pool (a queued job entering the planner's horizon, a rest ending).
@@ -338,12 +340,32 @@ class PbsPower(Manager):
         queued = self.queued(now)
         if not self.forecast:                   # the forecast may change with time alone
             until = min(until, max(self.view.valid_until(), now))
+        in_flight = {t.host for t in store.transitions()}
+        measured = store.measured(up_kind(cfg))
         for _j, start, nodes in queued:
             if pool and start - horizon > now:
                 until = min(until, start - horizon)
-            elif any(n.marked or n.state in (DOWN, SHUTTING, BOOTING) for n in nodes):
-                until = min(until, start - longest - 2 * cfg.cycle_interval)
+            elif start - longest - 2 * cfg.cycle_interval < until:
+                lead = self._slowest_sleeper(nodes, in_flight, measured, longest)
+                if lead is not None:
+                    until = min(until, start - lead - 2 * cfg.cycle_interval)
         return until
+
+    @staticmethod
+    def _slowest_sleeper(nodes: Sequence[Node], in_flight, measured: Mapping[str, float],
+                         longest: float) -> Optional[float]:
+        """The longest measured boot (``longest`` if unmeasured) of ``nodes``'
+        sleeping ones not in flight: the planner wakes each that long, plus a
+        cycle, before the job's start (None: no such node)."""
+        slowest = None
+        for n in nodes:
+            if n.name not in in_flight and (n.marked or n.state in (DOWN, SHUTTING, BOOTING)):
+                lead = measured.get(n.name, longest)
+                if lead >= longest:
+                    return longest
+                if slowest is None or lead > slowest:
+                    slowest = lead
+        return slowest
 
     def snapshot(self, now: float) -> Snapshot:
         """Vnodes the planner can act on, and the calendar.

@@ -455,6 +455,31 @@ def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
     assert m_full.skipped == 0 and m_fast.runs < m_full.runs * 2 / 3
 
 
+
+class _RunTimes(PbsPower):
+    """pbs-power noting the time of every cycle it does not skip."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ran_at = []
+
+    def on_cycle(self, now):
+        before = self.runs
+        super().on_cycle(now)
+        if self.runs > before:
+            self.ran_at.append(now)
+
+
+def test_pbs_power_skips_the_cycles_of_a_boot_it_can_only_wait_for():
+    # All four nodes are down by 480. B (4 nodes) arrives at 3000: that run
+    # wakes all four. Its nodes' BMCs report them on at 3010 (the run at 3060
+    # notes it), the boots end at 3300. The runs between only wait for nodes
+    # already in flight, so they are skipped (they were run every 60 s).
+    manager = _RunTimes(default_config(node_idle_limit=300, cycle_interval=60), 60)
+    e = run([job("A", 0, 1, 60), job("B", 3000, 4, 100)], 4, manager)
+    assert [t for t in manager.ran_at if t >= 3000] == [3000.0, 3060.0, 3300.0]
+    assert starts(e)["B"] == 3300.0
+
 def _forecast_cluster(*queued):
     """Six nodes, n00005-6 powered down; A (2 nodes, walltime 500) and B (1 node,
     900) running from 0; C (5 nodes) and ``queued`` waiting, in that order."""
