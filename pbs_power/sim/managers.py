@@ -313,9 +313,10 @@ class PbsPower(Manager):
 
         Conservative: an idle host reaching node_idle_limit, or the earliest
         wake any of a job's sleeping nodes could need (with its measured
-        boot, the longest if never measured). A sleeping node already in flight is left out: the planner
-        does not act on it until its command ends, which changes its power
-        state or times out (`_waiting_until`). A job that names only awake nodes can only keep idle hosts up,
+        boot, the longest if never measured). A sleeping node already in
+        flight is left out: the planner does not act on it until its command
+        ends, which changes its power state or times out (`_waiting_until`).
+        A job that names only awake nodes can only keep idle hosts up,
         and a rest that ends can only release a wake the planner wanted and
         held back, which a quiet run did not: both count only for the warm
         pool (a queued job entering the planner's horizon, a rest ending).
