@@ -16,11 +16,11 @@ no code of theirs is copied.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from pbs_power.config.hook_config import MODE_RAMP_RATE, HookConfig
 from pbs_power.states.cycle import Cycle, boot_times
-from pbs_power.states.planner import longest_lead, up_kind
+from pbs_power.states.planner import lead_time, longest_lead, up_kind
 from ..devices.base import HostPower, PowerBackend, Result
 from pbs_power.states.model import Phase, PowerState, QueuedJob, Snapshot, TransitionKind, Vnode
 from .hook_view import HookView
@@ -312,8 +312,8 @@ class PbsPower(Manager):
         """The first moment the planner could act on an unchanged cluster.
 
         Conservative: an idle host reaching node_idle_limit, or the earliest
-        wake any of a job's sleeping nodes could need (with its measured
-        boot, the longest if never measured). A sleeping node already in
+        wake any of a job's sleeping nodes could need (with the boot the
+        planner reckons for it). A sleeping node already in
         flight is left out: the planner does not act on it until its command
         ends, which changes its power state or times out (`_waiting_until`).
         A job that names only awake nodes can only keep idle hosts up,
@@ -342,26 +342,25 @@ class PbsPower(Manager):
         if not self.forecast:                   # the forecast may change with time alone
             until = min(until, max(self.view.valid_until(), now))
         in_flight = {t.host for t in store.transitions()}
-        measured = store.measured(up_kind(cfg))
+        leads = Snapshot((), boot_times=boot_times(store))
         for _j, start, nodes in queued:
             if pool and start - horizon > now:
                 until = min(until, start - horizon)
             elif start - longest - 2 * cfg.cycle_interval < until:
-                lead = self._slowest_sleeper(nodes, in_flight, measured, longest)
+                lead = self._slowest_sleeper(nodes, in_flight, leads, longest)
                 if lead is not None:
                     until = min(until, start - lead - 2 * cfg.cycle_interval)
         return until
 
-    @staticmethod
-    def _slowest_sleeper(nodes: Sequence[Node], in_flight, measured: Mapping[str, float],
+    def _slowest_sleeper(self, nodes: Sequence[Node], in_flight, leads: Snapshot,
                          longest: float) -> Optional[float]:
-        """The longest measured boot (``longest`` if unmeasured) of ``nodes``'
-        sleeping ones not in flight: the planner wakes each that long, plus a
-        cycle, before the job's start (None: no such node)."""
-        slowest = None
+        """The longest boot, as the planner reckons it (`planner.lead_time`), of
+        ``nodes``' sleeping ones not in flight: the planner wakes each that long,
+        plus a cycle, before the job's start (None: no such node)."""
+        slowest, kind = None, up_kind(self.cfg)
         for n in nodes:
             if n.name not in in_flight and (n.marked or n.state in (DOWN, SHUTTING, BOOTING)):
-                lead = measured.get(n.name, longest)
+                lead = lead_time(leads, self.cfg, n.name, kind)
                 if lead >= longest:
                     return longest
                 if slowest is None or lead > slowest:

@@ -455,7 +455,6 @@ def test_pbs_power_skipping_quiet_cycles_gives_the_same_run(seed):
     assert m_full.skipped == 0 and m_fast.runs < m_full.runs * 2 / 3
 
 
-
 class _RunTimes(PbsPower):
     """pbs-power noting the time of every cycle it does not skip."""
 
@@ -479,6 +478,7 @@ def test_pbs_power_skips_the_cycles_of_a_boot_it_can_only_wait_for():
     e = run([job("A", 0, 1, 60), job("B", 3000, 4, 100)], 4, manager)
     assert [t for t in manager.ran_at if t >= 3000] == [3000.0, 3060.0, 3300.0]
     assert starts(e)["B"] == 3300.0
+
 
 def _forecast_cluster(*queued):
     """Six nodes, n00005-6 powered down; A (2 nodes, walltime 500) and B (1 node,
